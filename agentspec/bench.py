@@ -1,0 +1,133 @@
+"""`agentspec bench`: every method replays the same sessions; one report compares them.
+
+The report follows shared/spec/bench-json.md. Methods are stable names mapped to drafter
+factories; all of them run in one process over the same tokenized calls.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+from agentspec.costs import CostProfile
+from agentspec.drafter import Drafter, Plain
+from agentspec.metrics import DEFAULT_LAMBDAS, Meter
+from agentspec.tokens import TokenizedSession
+
+BENCH_FORMAT = "agentspec.bench/1"
+
+
+def _ngram() -> Drafter:
+    from agentspec.baselines import NgramDrafter
+
+    return NgramDrafter()
+
+
+def _suffix() -> Drafter:
+    from agentspec.baselines import SuffixDrafter
+
+    return SuffixDrafter()
+
+
+METHODS: dict[str, Callable[[], Drafter]] = {
+    "plain": Plain,
+    "ngram": _ngram,
+    "suffix": _suffix,
+}
+
+
+class BenchError(ValueError):
+    """Bad bench input (unknown method, empty selection); the message says what."""
+
+
+def parse_methods(text: str) -> list[str]:
+    names = [m.strip() for m in text.split(",") if m.strip()]
+    unknown = [m for m in names if m not in METHODS]
+    if unknown or not names:
+        raise BenchError(f"unknown method(s) {', '.join(unknown) or '(none given)'}; "
+                         f"known: {', '.join(METHODS)}")
+    return list(dict.fromkeys(names))
+
+
+def pick_sessions(sessions: Sequence, n: int | None, seed: int) -> list:
+    """A seeded sample of n sessions, kept in file order; all when n is None."""
+    if n is None or n >= len(sessions):
+        return list(sessions)
+    if n < 1:
+        raise BenchError("--sessions must be at least 1")
+    keep = sorted(random.Random(seed).sample(range(len(sessions)), n))
+    return [sessions[i] for i in keep]
+
+
+@dataclass
+class BenchResult:
+    report: dict
+    meters: dict[str, Meter]
+
+
+def run_replay_bench(sessions: list[TokenizedSession], methods: list[str], *, batch: int = 1,
+                     model: str = "", traces: Sequence[str] = (),
+                     profile: CostProfile | None = None,
+                     progress: Callable[[str, int], None] | None = None) -> BenchResult:
+    """Replay `sessions` with each method; `progress(method, tokens)` reports advance."""
+    from agentspec.backends.replay import replay
+
+    meters: dict[str, Meter] = {}
+    # plain is the reference for every modeled speedup; run it even when not asked for
+    for name in dict.fromkeys(["plain", *methods]):
+        tick = (lambda k, name=name: progress(name, k)) if progress else None
+        meters[name] = replay(sessions, METHODS[name](), batch=batch, on_tokens=tick)
+    report = {
+        "format": BENCH_FORMAT,
+        "backend": "replay",
+        "model": model,
+        "traces": [str(t) for t in traces],
+        "sessions": len(sessions),
+        "calls": sum(len(s.calls) for s in sessions),
+        "batch": batch,
+        "methods": {name: meters[name].report(meters["plain"], DEFAULT_LAMBDAS, profile)
+                    for name in methods},
+    }
+    return BenchResult(report, meters)
+
+
+def write_json(report: dict, path: str | Path) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2) + "\n")
+
+
+def plot(report: dict, path: str | Path) -> None:
+    """Bar charts of AL and modeled speedup per method."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(report["methods"])
+    entries = [report["methods"][n] for n in names]
+    lambdas = [k for k in entries[0]["modeled_speedup"]]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(4 + 1.6 * len(names), 4))
+    ax1.bar(names, [e["al"] for e in entries], color="#4C72B0")
+    ax1.set_title("Accepted length (tokens per step)")
+    ax1.tick_params(axis="x", rotation=30)
+    width = 0.8 / len(lambdas)
+    for j, lam in enumerate(lambdas):
+        xs = [i + (j - (len(lambdas) - 1) / 2) * width for i in range(len(names))]
+        label = "measured profile" if lam == "profile" else f"λ={lam}"
+        ax2.bar(xs, [e["modeled_speedup"][lam] for e in entries], width, label=label)
+    ax2.axhline(1.0, color="grey", lw=0.8, ls="--")
+    ax2.set_xticks(range(len(names)), names, rotation=30)
+    ax2.set_title("Modeled speedup vs plain")
+    ax2.legend(fontsize=8)
+    traces = ", ".join(Path(t).name for t in report["traces"])
+    fig.suptitle(f"{report['backend']} · {traces} · {report['sessions']} sessions · "
+                 f"batch {report['batch']}", fontsize=9)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -1,0 +1,86 @@
+"""The one seam between engines (replay, MLX, vLLM) and drafting policies.
+
+An engine keeps a `Request` per running generation and calls, per decoding step,
+`propose` for the whole batch, verifies, then `observe` per request. Text the agent
+produced or saw outside generation (prompts, tool output, opened files) reaches the
+drafter through `register`; finished outputs through `finish`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol, Sequence
+
+# Kinds of text registered into a session's corpora.
+PROMPT, TOOL, FILE, OUTPUT = "prompt", "tool", "file", "output"
+
+
+@dataclass
+class Request:
+    """A running generation. `tokens` is prompt + output so far; the engine appends."""
+
+    id: str
+    session: str
+    tokens: list[int]
+    num_prompt: int
+    role: str = "agent"
+    agent: str = ""
+    query: str = ""
+    turn: int = 1
+    structure: tuple[tuple[str, str], ...] = ()
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def output(self) -> list[int]:
+        return self.tokens[self.num_prompt :]
+
+
+class Drafter(Protocol):
+    """A drafting policy. Implementations keep all per-session state themselves."""
+
+    name: str
+
+    def register(self, session: str, kind: str, tokens: Sequence[int], path: str = "") -> None:
+        """Add text a session saw or wrote (kind: PROMPT, TOOL, FILE or OUTPUT)."""
+
+    def start(self, request: Request) -> None:
+        """A request begins; its prompt is `request.tokens[:request.num_prompt]`."""
+
+    def propose(self, batch: Sequence[Request]) -> list[list[int]]:
+        """One draft per request (possibly empty), sized for this batch."""
+
+    def observe(self, request: Request, drafted: int, accepted: int) -> None:
+        """After verification: `accepted` of `drafted` draft tokens matched.
+
+        Called after the engine appended the step's new tokens to `request.tokens`.
+        """
+
+    def finish(self, request: Request) -> None:
+        """The request ended; `request.output` is its real output."""
+
+    def drop_session(self, session: str) -> None:
+        """Forget everything about a session."""
+
+
+class Plain:
+    """No drafting: plain autoregressive decoding, the reference every method is compared to."""
+
+    name = "plain"
+
+    def register(self, session, kind, tokens, path=""):
+        pass
+
+    def start(self, request):
+        pass
+
+    def propose(self, batch):
+        return [[] for _ in batch]
+
+    def observe(self, request, drafted, accepted):
+        pass
+
+    def finish(self, request):
+        pass
+
+    def drop_session(self, session):
+        pass

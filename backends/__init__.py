@@ -1,0 +1,1 @@
+"""Engines that verify drafts: oracle replay, MLX, vLLM; and model loading."""

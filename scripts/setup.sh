@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Set up agentspec in ./.venv on a fresh machine: the package with its extras, and the
+# arctic-inference suffix tree (the SuffixDecoding baseline), which PyPI ships as source only.
+# Safe to re-run: steps already done are skipped.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+VENV=.venv
+PIP="$VENV/bin/pip"
+
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "[setup] creating $VENV"
+  "$PY" -m venv "$VENV"
+  "$PIP" install -q --upgrade pip
+fi
+
+case "$(uname -s)" in
+  Linux) extras="dev,bench,mlx" ;;
+  Darwin) extras="dev,bench,mlx" ;;
+  *) extras="dev,bench" ;;
+esac
+
+# torch is only needed to build arctic-inference (its setup.py imports it); 2.13.0 is the
+# CPU build this project's Linux machines keep locally.
+if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
+  echo "[setup] installing torch"
+  "$PIP" install -q "torch==2.13.0" || "$PIP" install -q "torch>=2.10"
+fi
+
+if ! "$VENV/bin/python" -c "import arctic_inference.suffix_decoding" 2>/dev/null; then
+  echo "[setup] building arctic-inference 0.3.0 (suffix tree only)"
+  "$PIP" install -q setuptools wheel ninja "cmake>=3.18" "nanobind==2.9.2" "protobuf==5.29.6" grpcio-tools
+  # cmake must find the venv's Python (and its nanobind), not whatever python3 is on PATH
+  PATH="$PWD/$VENV/bin:$PATH" CMAKE_ARGS="-DPython_EXECUTABLE=$PWD/$VENV/bin/python" \
+    "$PIP" install -q --no-build-isolation --no-deps "arctic-inference==0.3.0"
+fi
+
+echo "[setup] installing agentspec[$extras]"
+# arctic-inference is already built above; pip sees it as satisfied
+"$PIP" install -q -e ".[$extras]"
+echo "[setup] done: $("$VENV/bin/agentspec" --help >/dev/null && echo "agentspec CLI ready in $VENV/bin")"

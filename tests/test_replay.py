@@ -1,0 +1,134 @@
+import numpy as np
+import pytest
+
+from agentspec.backends.replay import replay
+from agentspec.bench import run_replay_bench
+from agentspec.drafter import FILE, PROMPT, TOOL, Plain
+from agentspec.tokens import CHATML, PLAIN, ChatTokenizer, chat_format, tokenize_sessions
+from agentspec.trace import parse_session
+from conftest import CHATML as CHATML_TEMPLATE
+from conftest import session_obj, tiny_tokenizer
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return ChatTokenizer(tiny_tokenizer(), CHATML)
+
+
+def tokenized(tok, n=1, **kw):
+    return tokenize_sessions([parse_session(session_obj(f"s{i}", **kw)) for i in range(n)], tok)
+
+
+class Oracle(Plain):
+    """Drafts the true continuation (it peeks at the target), k tokens at a time."""
+
+    name = "oracle"
+
+    def __init__(self, targets, k, wrong_tail=0):
+        self.targets, self.k, self.wrong_tail = targets, k, wrong_tail
+
+    def propose(self, batch):
+        drafts = []
+        for r in batch:
+            done = len(r.output)
+            d = self.targets[r.id][done:done + self.k]
+            drafts.append(list(d) + [-1] * self.wrong_tail)
+        return drafts
+
+
+class Recorder(Plain):
+    def __init__(self):
+        self.events = []
+
+    def register(self, session, kind, tokens, path=""):
+        self.events.append(("register", kind, path))
+
+    def start(self, request):
+        self.events.append(("start", request.id, request.role, request.turn))
+
+    def finish(self, request):
+        self.events.append(("finish", request.id, len(request.output)))
+
+    def drop_session(self, session):
+        self.events.append(("drop", session))
+
+
+def test_chat_format_and_prompt_layout(tok):
+    assert chat_format(CHATML_TEMPLATE) is CHATML and chat_format(None) is PLAIN
+    (ts,) = tokenized(tok)
+    s = ts.session
+    first, second = ts.calls
+    expected = "".join(CHATML.render(m["role"], m["content"]) for m in s.threads[0][:2])
+    assert tok.decode(first.prompt.tolist()) == expected + CHATML.header
+    assert tok.decode(first.output) == s.threads[0][2]["content"]
+    # the second prompt shows the first output and the tool message; only the tool
+    # message is new (the output reaches the drafter when its call finishes)
+    assert [role for role, _ in second.new_messages] == ["tool"]
+    assert [role for role, _ in first.new_messages] == ["system", "user"]
+    assert first.prompt.dtype == np.int32
+
+
+def test_plain_is_one_token_per_step(tok):
+    sessions = tokenized(tok, 3)
+    m = replay(sessions, Plain())
+    total = sum(s.output_tokens for s in sessions)
+    assert m.total.output_tokens == total == m.total.steps
+    assert m.total.al == 1.0 and m.total.drafted == 0
+    assert m.cost(0.5) == total
+
+
+def test_oracle_drafts_are_accepted_and_modeled(tok):
+    sessions = tokenized(tok, 2)
+    targets = {f"{s.id}#{i}": c.output for s in sessions for i, c in enumerate(s.calls)}
+    m = replay(sessions, Oracle(targets, k=4))
+    assert m.total.output_tokens == sum(s.output_tokens for s in sessions)
+    assert m.total.accepted == m.total.drafted  # never wrong
+    assert 4.0 < m.total.al <= 5.0
+    wrong = replay(sessions, Oracle(targets, k=4, wrong_tail=3))
+    assert wrong.total.al == m.total.al
+    assert wrong.total.drafted - wrong.total.accepted == 3 * wrong.total.steps
+    plain = replay(sessions, Plain())
+    assert len(plain.step_rows) / m.cost(0.0) == pytest.approx(m.total.al, rel=0.05)
+    assert m.cost(0.2) < wrong.cost(0.2)
+
+
+def test_batch_lockstep_keeps_totals(tok):
+    sessions = tokenized(tok, 5)
+    one = replay(sessions, Plain(), batch=1)
+    four = replay(sessions, Plain(), batch=4)
+    assert four.total.output_tokens == one.total.output_tokens
+    assert max(four.step_rows) == 4 and len(four.step_rows) < len(one.step_rows)
+    # a fixed lambda costs each lockstep step once, whatever its rows
+    assert four.cost(0.3) == len(four.step_rows)
+
+
+def test_engine_calls_reach_the_drafter_in_order(tok):
+    (ts,) = tokenized(tok)
+    rec = Recorder()
+    replay([ts], rec)
+    kinds = [e[:2] for e in rec.events]
+    assert kinds[0] == ("register", FILE)  # a file no call names is known from the start
+    assert kinds[1:3] == [("register", PROMPT)] * 2
+    assert kinds[3] == ("start", "s0#0")
+    assert ("register", TOOL) in kinds
+    assert rec.events[-1] == ("drop", "s0")
+    finishes = [e for e in rec.events if e[0] == "finish"]
+    assert [f[2] for f in finishes] == [len(c.output) for c in ts.calls]
+
+
+def test_report_follows_bench_schema(tok):
+    sessions = tokenized(tok, 2)
+    res = run_replay_bench(sessions, ["plain", "ngram", "suffix"], model="tiny",
+                           traces=["x.jsonl"])
+    r = res.report
+    assert r["format"] == "agentspec.bench/1" and r["backend"] == "replay"
+    assert (r["sessions"], r["calls"], r["batch"]) == (2, 4, 1)
+    for name, m in r["methods"].items():
+        assert set(m) >= {"al", "rejected_per_token", "draft_per_step", "steps", "output_tokens",
+                          "modeled_speedup", "tokens_per_s", "speedup", "identical_to_plain",
+                          "overhead_us_per_step", "by_role"}
+        assert set(m["modeled_speedup"]) == {"0.02", "0.1", "0.2", "0.5"}
+        assert m["tokens_per_s"] is None and m["by_role"]["code"]["output_tokens"] > 0
+    assert r["methods"]["plain"]["al"] == 1.0
+    # the second call repeats the first output: the suffix tree of past responses hits
+    assert r["methods"]["suffix"]["al"] > 1.5
