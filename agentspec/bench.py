@@ -6,37 +6,70 @@ factories; all of them run in one process over the same tokenized calls.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
+from agentspec.controller import KmaxTable
 from agentspec.costs import CostProfile
 from agentspec.drafter import Drafter, Plain
 from agentspec.metrics import DEFAULT_LAMBDAS, Meter
-from agentspec.tokens import TokenizedSession
+from agentspec.policy import Policy, ladder
+from agentspec.tokens import ChatTokenizer, TokenizedSession
 
 BENCH_FORMAT = "agentspec.bench/1"
 
 
-def _ngram() -> Drafter:
-    from agentspec.baselines import NgramDrafter
-
-    return NgramDrafter()
+BASELINES = ("plain", "ngram", "suffix")
 
 
-def _suffix() -> Drafter:
-    from agentspec.baselines import SuffixDrafter
+@dataclass
+class BenchSetup:
+    """What the drafting methods may know beyond the replayed sessions themselves."""
 
-    return SuffixDrafter()
+    tokenizer: ChatTokenizer | None = None
+    lam: float = 0.2
+    kmax: KmaxTable | None = None
+    global_seed: list[list[int]] = field(default_factory=list)
+    profile: CostProfile | None = None
+    token_bytes: list[bytes] | None = None
+
+    def lam_of(self, b: int) -> float:
+        return self.profile.lam(b) if self.profile else self.lam
 
 
-METHODS: dict[str, Callable[[], Drafter]] = {
-    "plain": Plain,
-    "ngram": _ngram,
-    "suffix": _suffix,
-}
+def method_names() -> list[str]:
+    return [*BASELINES, *ladder()]
+
+
+def make_drafter(name: str, setup: BenchSetup) -> Drafter:
+    if name == "plain":
+        return Plain()
+    if name == "ngram":
+        from agentspec.baselines import NgramDrafter
+
+        return NgramDrafter()
+    if name == "suffix":
+        from agentspec.baselines import SuffixDrafter
+
+        return SuffixDrafter()
+    tok = setup.tokenizer
+    return Policy(ladder(setup.lam)[name], encode=tok.encode if tok else None,
+                  decode=tok.decode if tok else None, token_bytes=setup.token_bytes,
+                  kmax=setup.kmax, lam_of=setup.lam_of, global_seed=setup.global_seed)
+
+
+def split_by_task(sessions: Sequence, seed: int = 0) -> tuple[list, list]:
+    """(profile part, evaluation part): every task lands wholly in one part."""
+    def part(task: str) -> int:
+        return hashlib.sha1(f"{seed}:{task}".encode()).digest()[0] & 1
+
+    profile = [s for s in sessions if part(s.task) == 0]
+    evaluation = [s for s in sessions if part(s.task) == 1]
+    return profile, evaluation
 
 
 class BenchError(ValueError):
@@ -45,10 +78,11 @@ class BenchError(ValueError):
 
 def parse_methods(text: str) -> list[str]:
     names = [m.strip() for m in text.split(",") if m.strip()]
-    unknown = [m for m in names if m not in METHODS]
+    known = method_names()
+    unknown = [m for m in names if m not in known]
     if unknown or not names:
         raise BenchError(f"unknown method(s) {', '.join(unknown) or '(none given)'}; "
-                         f"known: {', '.join(METHODS)}")
+                         f"known: {', '.join(known)}")
     return list(dict.fromkeys(names))
 
 
@@ -70,16 +104,17 @@ class BenchResult:
 
 def run_replay_bench(sessions: list[TokenizedSession], methods: list[str], *, batch: int = 1,
                      model: str = "", traces: Sequence[str] = (),
-                     profile: CostProfile | None = None,
+                     setup: BenchSetup | None = None,
                      progress: Callable[[str, int], None] | None = None) -> BenchResult:
     """Replay `sessions` with each method; `progress(method, tokens)` reports advance."""
     from agentspec.backends.replay import replay
 
+    setup = setup or BenchSetup()
     meters: dict[str, Meter] = {}
     # plain is the reference for every modeled speedup; run it even when not asked for
     for name in dict.fromkeys(["plain", *methods]):
         tick = (lambda k, name=name: progress(name, k)) if progress else None
-        meters[name] = replay(sessions, METHODS[name](), batch=batch, on_tokens=tick)
+        meters[name] = replay(sessions, make_drafter(name, setup), batch=batch, on_tokens=tick)
     report = {
         "format": BENCH_FORMAT,
         "backend": "replay",
@@ -88,7 +123,7 @@ def run_replay_bench(sessions: list[TokenizedSession], methods: list[str], *, ba
         "sessions": len(sessions),
         "calls": sum(len(s.calls) for s in sessions),
         "batch": batch,
-        "methods": {name: meters[name].report(meters["plain"], DEFAULT_LAMBDAS, profile)
+        "methods": {name: meters[name].report(meters["plain"], DEFAULT_LAMBDAS, setup.profile)
                     for name in methods},
     }
     return BenchResult(report, meters)

@@ -18,20 +18,23 @@ models_app = typer.Typer(no_args_is_help=True, help="Manage local models (the em
 app.add_typer(models_app, name="models")
 
 console = Console(stderr=True)
-out = Console()
+out = Console(width=None if sys.stdout.isatty() else 200)
 
 
 def _user_errors() -> tuple[type[Exception], ...]:
     from agentspec.backends.models import ModelError
     from agentspec.bench import BenchError
+    from agentspec.controller import KmaxError
     from agentspec.costs import CostProfileError
+    from agentspec.structure import StructureError
     from agentspec.trace import TraceError
 
-    return (ModelError, BenchError, CostProfileError, TraceError, FileNotFoundError)
+    return (ModelError, BenchError, CostProfileError, TraceError, KmaxError, StructureError,
+            FileNotFoundError)
 
 
 def fail(message: str) -> None:
-    console.print(f"[bold red]error:[/] {message}", highlight=False)
+    console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
     raise typer.Exit(2)
 
 
@@ -57,20 +60,43 @@ def bench(
                                             "(agentspec.bench/1)."),
     plot_out: Optional[Path] = typer.Option(None, "--plot", help="Save a PNG of AL and "
                                             "modeled speedups."),
-    cost_profile: Optional[Path] = typer.Option(None, help="Cost profile (agentspec.cost/1) "
-                                                "for an extra modeled speedup."),
+    cost_profile: Optional[Path] = typer.Option(None, help="Cost profile (agentspec.cost/1): "
+                                                "an extra modeled speedup, and lambda(b) for "
+                                                "the cost-aware allocator."),
+    lam: Optional[float] = typer.Option(None, "--lambda", min=0.0, max=1.0,
+                                        help="Lambda the policies plan for (default: the "
+                                        "cost profile's at this batch size, else 0.2)."),
+    kmax: Optional[Path] = typer.Option(None, help="Kmax table from `agentspec profile-kmax` "
+                                        "(default: profiled on the held-out task split)."),
+    structure: Optional[str] = typer.Option(None, help="JSON [[open, close], ...] for "
+                                            "sessions whose trace has no meta.structure."),
+    profile_sessions: int = typer.Option(60, min=0, help="Sessions of the profiling split "
+                                         "used for Kmax and the global corpus G."),
+    split: bool = typer.Option(True, help="Split sessions by task: measure on one half, "
+                               "profile Kmax and build G on the other."),
 ) -> None:
     """Replay recorded agent sessions with each drafting method and compare them.
+
+    Methods: baselines [b]plain[/], [b]ngram[/] (vLLM's), [b]suffix[/] (arctic-inference, as
+    vLLM runs it); the ladder [b]session[/], [b]workspace[/], [b]emission[/], [b]global[/],
+    [b]fixed32[/], [b]agspec[/], [b]agentspec-s[/], [b]agentspec[/], and [b]full[/] (our default).
 
     [b]Examples[/b]
 
       agentspec bench --traces ../shared/traces/acr-run-1.jsonl.gz --sessions 20
 
       agentspec bench --traces a.jsonl.gz b.jsonl.gz --methods plain,suffix --json r.json --plot r.png
+
+      agentspec bench --traces a.jsonl.gz --methods plain,suffix,full --batch 16 --lambda 0.5
     """
     from agentspec.backends.models import resolve
-    from agentspec.bench import parse_methods, pick_sessions, plot, run_replay_bench, write_json
+    from agentspec.bench import (BenchError, BenchSetup, parse_methods, pick_sessions, plot,
+                                 run_replay_bench, split_by_task, write_json)
+    from agentspec.controller import load_kmax
     from agentspec.costs import load_profile
+    from agentspec.kmax import profile_kmax
+    from agentspec.policy import ladder
+    from agentspec.structure import parse_structure, token_bytes
     from agentspec.tokens import ChatTokenizer, tokenize_sessions
     from agentspec.trace import read_sessions
 
@@ -83,15 +109,34 @@ def bench(
     try:
         names = parse_methods(methods)
         profile = load_profile(cost_profile) if cost_profile else None
+        pairs = parse_structure(structure) if structure else ()
+        table = load_kmax(kmax) if kmax else None
         loaded, bad = read_sessions(traces)
         if bad:
             console.print(f"[yellow]warning:[/] skipped {len(bad)} malformed session(s); "
-                          f"first: {bad[0]}", highlight=False)
-        chosen = pick_sessions(loaded, sessions, seed)
-        path = resolve(model)
-        tok = ChatTokenizer.from_model(path)
-        with console.status(f"tokenizing {len(chosen)} sessions"):
+                          f"first: {bad[0]}", highlight=False, soft_wrap=True)
+        for s in loaded:
+            if pairs and not s.structure:
+                s.meta["structure"] = [list(p) for p in pairs]
+        held, measured = split_by_task(loaded, seed) if split else ([], loaded)
+        if not measured:
+            raise BenchError("no session left to measure after the task split; use --no-split")
+        chosen = pick_sessions(measured, sessions, seed)
+        tok = ChatTokenizer.from_model(resolve(model))
+        with console.status(f"tokenizing {len(chosen)} + {len(held[:profile_sessions])} "
+                            f"sessions"):
             tokenized = tokenize_sessions(chosen, tok)
+            held_tok = tokenize_sessions(held[:profile_sessions], tok)
+        setup = BenchSetup(tokenizer=tok, profile=profile, token_bytes=token_bytes(tok.tokenizer),
+                           lam=lam if lam is not None else (profile.lam(batch) if profile
+                                                            else 0.2),
+                           global_seed=[c.output for s in held_tok for c in s.calls])
+        if table is None and held_tok and {"agspec", "full"} & set(names):
+            with console.status(f"profiling Kmax on {len(held_tok)} held-out sessions"):
+                table = profile_kmax(held_tok, setup.lam, ladder()["global"],
+                                     encode=tok.encode, decode=tok.decode,
+                                     global_seed=setup.global_seed)
+        setup.kmax = table
     except _user_errors() as e:
         fail(str(e))
     total = sum(s.output_tokens for s in tokenized)
@@ -104,7 +149,7 @@ def bench(
             bar.advance(tasks[method], k)
 
         result = run_replay_bench(tokenized, names, batch=batch, model=tok.name,
-                                  traces=[str(t) for t in traces], profile=profile,
+                                  traces=[str(t) for t in traces], setup=setup,
                                   progress=tick)
     report = result.report
     out.print(report_table(report))
@@ -139,6 +184,89 @@ def report_table(report: dict) -> Table:
                 t.add_row("", role, f"{r['al']:.3f}", f"{r['rejected_per_token']:.3f}", "",
                           str(r["output_tokens"]), *[""] * len(lambdas), "")
     return t
+
+
+@app.command("profile-kmax")
+def profile_kmax_cmd(
+    traces: List[Path] = typer.Option(..., "--traces", help="Trace files to replay."),
+    lam: float = typer.Option(..., "--lambda", min=0.0, max=1.0,
+                              help="Cost of verifying one more token (from profile-lambda)."),
+    out_path: Path = typer.Option(..., "--out", help="Where to write the Kmax table (JSON)."),
+    part: str = typer.Option("profile", help="Which task split to replay: profile (the half "
+                             "bench does not measure on), eval, or all."),
+    sessions: Optional[int] = typer.Option(None, help="Sample this many sessions."),
+    seed: int = typer.Option(0, help="Seed of the task split and the sample."),
+    max_k: int = typer.Option(64, min=1, max=256, help="Longest draft considered."),
+    model: Optional[str] = typer.Option(None, help="Tokenizer's model (default: smollm2-135m)."),
+    plot_out: Optional[Path] = typer.Option(None, "--plot", help="Save Pr(R >= k) per role."),
+) -> None:
+    """Set Kmax per role: the largest k with Pr(R >= k) >= lambda over replayed traces.
+
+    R is how far the retrieved continuation (S, W and G corpora, as `global` drafts them)
+    matched the real output at each step.
+
+    [b]Example[/b]: agentspec profile-kmax --traces ../shared/traces/acr-run-1.jsonl.gz --lambda 0.2 --out kmax.json
+    """
+    from agentspec.backends.models import resolve
+    from agentspec.bench import BenchError, pick_sessions, split_by_task
+    from agentspec.kmax import profile_kmax
+    from agentspec.policy import ladder
+    from agentspec.tokens import ChatTokenizer, tokenize_sessions
+    from agentspec.trace import read_sessions
+
+    try:
+        if part not in ("profile", "eval", "all"):
+            raise BenchError(f"--part must be profile, eval or all, not {part!r}")
+        loaded, bad = read_sessions(traces)
+        if bad:
+            console.print(f"[yellow]warning:[/] skipped {len(bad)} malformed session(s); "
+                          f"first: {bad[0]}", highlight=False, soft_wrap=True)
+        held, measured = split_by_task(loaded, seed)
+        chosen = pick_sessions({"profile": held, "eval": measured, "all": loaded}[part],
+                               sessions, seed)
+        if not chosen:
+            raise BenchError(f"no session in the {part!r} part")
+        tok = ChatTokenizer.from_model(resolve(model))
+        with console.status(f"replaying {len(chosen)} sessions"):
+            table = profile_kmax(tokenize_sessions(chosen, tok), lam, ladder()["global"],
+                                 max_k=max_k, encode=tok.encode, decode=tok.decode,
+                                 source={"traces": [str(t) for t in traces],
+                                         "sessions": len(chosen), "part": part})
+    except _user_errors() as e:
+        fail(str(e))
+    table.save(out_path)
+    t = Table(title=f"Kmax at λ={lam} ({len(chosen)} sessions, {part} part)")
+    for col in ("role", "Kmax", "steps", "Pr(R≥1)", "Pr(R≥4)", "Pr(R≥16)"):
+        t.add_column(col, justify="right" if col != "role" else "left")
+    for role, k in table.kmax.items():
+        sv = table.survival[role]
+        t.add_row(role, str(k), str(table.samples[role]),
+                  *[f"{sv[i - 1]:.3f}" if len(sv) >= i else "" for i in (1, 4, 16)])
+    out.print(t)
+    console.print(f"wrote {out_path}")
+    if plot_out:
+        plot_survival(table, plot_out)
+        console.print(f"wrote {plot_out}")
+
+
+def plot_survival(table, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for role, sv in table.survival.items():
+        ax.plot(range(1, len(sv) + 1), sv, label=f"{role} (Kmax {table.kmax[role]})")
+    ax.axhline(table.lam, color="grey", ls="--", lw=0.8, label=f"λ = {table.lam}")
+    ax.set_xlabel("k")
+    ax.set_ylabel("Pr(R ≥ k)")
+    ax.set_yscale("log")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 @models_app.command("pull")

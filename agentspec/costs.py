@@ -79,16 +79,22 @@ class CostProfile:
         path.write_text(json.dumps(self.to_json(), indent=2) + "\n")
 
 
-def load_profile(path: str | Path) -> CostProfile:
+def read_format(path: str | Path, fmt: str, what: str, error: type[ValueError]) -> dict:
+    """Read a JSON object of format `fmt`; any problem raises `error` naming the file."""
     path = Path(path)
     try:
         obj = json.loads(path.read_text())
     except FileNotFoundError:
-        raise CostProfileError(f"{path}: no such cost profile") from None
+        raise error(f"{path}: no such {what}") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CostProfileError(f"{path}: not a readable JSON cost profile ({e})") from None
-    if not isinstance(obj, dict) or obj.get("format") != FORMAT:
-        raise CostProfileError(f"{path}: format is not {FORMAT!r}")
+        raise error(f"{path}: not a readable JSON {what} ({e})") from None
+    if not isinstance(obj, dict) or obj.get("format") != fmt:
+        raise error(f"{path}: format is not {fmt!r}")
+    return obj
+
+
+def load_profile(path: str | Path) -> CostProfile:
+    obj = read_format(path, FORMAT, "cost profile", CostProfileError)
     batches = {}
     try:
         for key, entry in obj["batches"].items():

@@ -19,13 +19,15 @@ CORPUS = [
 ]
 
 
-def tiny_tokenizer() -> Tokenizer:
+def tiny_tokenizer(corpus: list[str] = CORPUS, vocab_size: int = 400) -> Tokenizer:
+    """A byte-level BPE (GPT-2 style, like SmolLM2's) trained in milliseconds."""
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<|im_start|>", "<|im_end|>"],
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size,
+                                  special_tokens=["<|im_start|>", "<|im_end|>"],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(CORPUS * 5, trainer)
+    tok.train_from_iterator(corpus * 5, trainer)
     return tok
 
 

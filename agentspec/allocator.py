@@ -1,0 +1,90 @@
+"""Spending a batch's draft budget where acceptance is likely.
+
+Two allocators over the same per-request candidates:
+- `agentspec_lengths`: AgentSpec's Algorithm 2 as written (redundancy score g = c/n * p(n),
+  budget floor(alpha / bz), L_i = max(|CT*_i|, B_t * g_i / sum g)).
+- `CostAware`: ours. It keeps, per role and match-length bucket, the online probability
+  that the k-th draft token is accepted, and gives a request its k-th token only while
+  that probability is at least lambda(b), the cost of verifying one more token at this
+  batch size in units of one plain decoding token (shared/spec/cost-profile.md).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import numpy as np
+
+
+def redundancy(c: int, n: int, g_min: float) -> float:
+    """g(c, n) = c/n * p(n), p(n) = g_min + (1 - g_min)(1 - exp(1 - n))."""
+    if n <= 0:
+        return 0.0
+    return c / n * (g_min + (1.0 - g_min) * (1.0 - math.exp(1 - n)))
+
+
+def agentspec_lengths(cands: Sequence[tuple[int, int, int] | None], alpha: float,
+                      g_min: float) -> list[int]:
+    """Algorithm 2. `cands[i]` = (n, c, |CT*|) of request i, or None without candidates."""
+    bz = len(cands)
+    budget = math.floor(alpha / bz) if bz else 0
+    g = [redundancy(c[1], c[0], g_min) if c else 0.0 for c in cands]
+    total = sum(g)
+    return [0 if c is None else max(c[2], int(budget * gi / total) if total > 0 else 0)
+            for c, gi in zip(cands, g)]
+
+
+def _bucket(m: int) -> int:
+    """Match-length buckets 1-2, 3-4, 5-8, 9-16, 17-32, 33+."""
+    return min(5, max(0, (m - 1).bit_length() - 1))
+
+
+class CostAware:
+    """Online acceptance model: per (role, bucket) counts of 'position k verified' and
+    'position k accepted'; P(k-th token accepted) is the product of per-position hazards."""
+
+    def __init__(self, max_k: int = 64, prior: dict[str, list[float]] | None = None,
+                 prior_weight: float = 4.0, window: float = 2000.0):
+        self.max_k = max_k
+        self.prior = prior or {}
+        self.prior_weight = prior_weight
+        self.window = window  # counts are halved past this many trials: follows drift
+        self.trials: dict[tuple[str, int], np.ndarray] = {}
+        self.hits: dict[tuple[str, int], np.ndarray] = {}
+
+    def _counts(self, role: str, m: int) -> tuple[np.ndarray, np.ndarray]:
+        key = (role, _bucket(m))
+        if key not in self.trials:
+            surv = np.ones(self.max_k)
+            given = self.prior.get(role)
+            if given:
+                surv[: min(len(given), self.max_k)] = given[: self.max_k]
+                surv[len(given):] = given[-1] if len(given) else 0.5
+            else:
+                surv = 0.8 ** np.arange(1, self.max_k + 1)
+            hazard = surv / np.concatenate([[1.0], surv[:-1]]).clip(min=1e-9)
+            self.trials[key] = np.full(self.max_k, self.prior_weight)
+            self.hits[key] = self.prior_weight * hazard.clip(0.0, 1.0)
+        return self.trials[key], self.hits[key]
+
+    def accept_probs(self, role: str, m: int) -> np.ndarray:
+        trials, hits = self._counts(role, m)
+        return np.cumprod(hits / trials)
+
+    def length(self, role: str, m: int, cap: int, threshold: float) -> int:
+        if m <= 0 or cap <= 0:
+            return 0
+        p = self.accept_probs(role, m)[: min(cap, self.max_k)]
+        return int(np.count_nonzero(p >= threshold))
+
+    def observe(self, role: str, m: int, drafted: int, accepted: int) -> None:
+        if drafted <= 0 or m <= 0:
+            return
+        trials, hits = self._counts(role, m)
+        seen = min(accepted + 1, drafted, self.max_k)
+        trials[:seen] += 1
+        hits[: min(accepted, self.max_k)] += 1
+        if trials[0] > self.window:
+            trials *= 0.5
+            hits *= 0.5

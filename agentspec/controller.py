@@ -1,0 +1,101 @@
+"""How many tokens to draft: AgSpec's controller and the Kmax table it is capped by.
+
+K = clip(round(alpha * m), 1, Kmax[role]), where m is the match length. alpha is kept per
+role and updated after every verification: alpha += eta * (tau - [a draft token was
+rejected]), tau = 1 - lambda, so alpha tracks the tau-quantile of accepted/matched.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from agentspec.costs import read_format
+
+ALPHA_MIN, ALPHA_MAX = 0.05, 12.0
+DEFAULT_KMAX = 32
+KMAX_FORMAT = "agentspec.kmax/1"
+
+
+class KmaxError(ValueError):
+    """A Kmax table that cannot be used; the message names the file and the problem."""
+
+
+@dataclass
+class Controller:
+    lam: float
+    kmax: dict[str, int] = field(default_factory=dict)
+    default_kmax: int = DEFAULT_KMAX
+    eta: float = 0.5
+    alpha: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def tau(self) -> float:
+        return 1.0 - self.lam
+
+    def cap(self, role: str) -> int:
+        return self.kmax.get(role, self.default_kmax)
+
+    def length(self, role: str, m: int) -> int:
+        if m <= 0:
+            return 0
+        return max(1, min(round(self.alpha.get(role, 1.0) * m), self.cap(role)))
+
+    def update(self, role: str, drafted: int, accepted: int) -> None:
+        if drafted == 0:
+            return
+        if accepted == drafted == self.cap(role):
+            return  # fully accepted but cut by the cap: says nothing about alpha
+        a = self.alpha.get(role, 1.0) + self.eta * (self.tau - (accepted < drafted))
+        self.alpha[role] = min(ALPHA_MAX, max(ALPHA_MIN, a))
+
+
+@dataclass
+class KmaxTable:
+    """Per-role Kmax from replayed traces: the largest k with Pr(R >= k) >= lambda."""
+
+    lam: float
+    kmax: dict[str, int]
+    survival: dict[str, list[float]]  # Pr(R >= k) for k = 1..len
+    samples: dict[str, int]
+    source: dict = field(default_factory=dict)
+
+    @classmethod
+    def from_runs(cls, lam: float, runs: dict[str, list[int]], max_k: int,
+                  source: dict | None = None) -> "KmaxTable":
+        """`runs[role]`: R of every step that had a retrieved continuation."""
+        import numpy as np
+
+        kmax, survival, samples = {}, {}, {}
+        for role, rs in sorted(runs.items()):
+            r = np.asarray(rs)
+            surv = [float(np.mean(r >= k)) if len(r) else 0.0 for k in range(1, max_k + 1)]
+            ok = [k for k, p in enumerate(surv, 1) if p >= lam]
+            kmax[role] = max(ok) if ok else 1
+            survival[role] = [round(p, 5) for p in surv]
+            samples[role] = len(r)
+        return cls(lam, kmax, survival, samples, source or {})
+
+    def to_json(self) -> dict:
+        return {"format": KMAX_FORMAT, "lambda": self.lam, "kmax": self.kmax,
+                "survival": self.survival, "samples": self.samples, **self.source}
+
+    def save(self, path: str | Path) -> None:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_json(), indent=2) + "\n")
+
+
+def load_kmax(path: str | Path) -> KmaxTable:
+    obj = read_format(path, KMAX_FORMAT, "Kmax table", KmaxError)
+    try:
+        kmax = {str(r): int(k) for r, k in obj["kmax"].items()}
+        survival = {str(r): [float(p) for p in v] for r, v in obj.get("survival", {}).items()}
+        lam = float(obj["lambda"])
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise KmaxError(f"{path}: bad Kmax table ({e})") from None
+    if any(k < 1 for k in kmax.values()):
+        raise KmaxError(f"{path}: every Kmax must be >= 1")
+    return KmaxTable(lam, kmax, survival, {str(r): int(n) for r, n in
+                                           obj.get("samples", {}).items()})

@@ -1,0 +1,598 @@
+"""The match engine every drafting policy uses.
+
+A `Corpus` is an append-only token stream with an index that answers one question fast:
+what is the longest suffix of the current context that occurs in the corpus, and what
+came after it?  `Corpus.match` applies this exact rule:
+
+* length: the largest m (min_match <= m <= max_match, m <= len(context)) such that
+  context[-m:] occurs in the corpus followed by at least one real token (matches and
+  continuations never cross a document boundary).  No such m: Match(length=0).
+* candidates: of the occurrences of that longest suffix, the `max_candidates` most recent.
+* vote: candidates are grouped by their next 3 tokens (a continuation cut short by a
+  boundary or the corpus end is keyed by what it has); the largest group wins, ties go to
+  the group holding the most recent candidate; the chosen occurrence is the most recent
+  one in the winning group.  `agree` is the group's size, `agreed` the length of the
+  common prefix (<= k) of its members' continuations.
+
+Design (pure numpy; no per-token Python work):
+
+* Tokens live in one int32 buffer that starts with `max_match` boundary sentinels (-1), so
+  every window of up to max_match tokens before a position is a plain slice; boundaries
+  (`end_document`) are the same sentinel, which never equals a token id (ids are >= 0).
+* An entry is a position e whose token exists and is real (the continuation start).  For
+  each *level* q (default 2, 3, 4, 8, 64 for min_match=2, max_match=64) every entry whose
+  q tokens before it are real gets a 32-bit key: a polynomial hash mod 2**64 of those q
+  tokens, mixed down to 32 bits.  Hash equality is only a hint: every occurrence used in
+  an answer is compared against the real tokens first.
+* The index of each level is an LSM: sorted runs of (key, position) pairs, ordered by key
+  then position (so all occurrences of a q-gram are one slice, oldest first), plus a small
+  unsorted tail of the newest entries scanned with one vectorized compare.  When the tail
+  passes `tail_max` tokens it is sorted into a run; a run is merged into the previous one
+  while that one is at most MERGE_FACTOR times larger (a linear merge: newer positions are
+  always larger, so no re-sort).  Runs of at least DIR_MIN entries store keys as a 2**16
+  directory plus 16-bit low halves: 2 bytes per key instead of 4.
+* Lookup goes down the levels from the longest that fits the context.  The first level
+  with a verified occurrence bounds the answer: m >= q there and m < the next level's q
+  (which had none).  If the two are adjacent the answer is q and only the most recent
+  occurrences are read; otherwise every occurrence of the level is extended backwards
+  (token by token while many survive, then as 2-D row compares) to find the true maximum.
+  Levels 2, 3, 4 are adjacent because short suffixes of code have huge occurrence lists.
+* Tokens are indexed lazily (in `flush`, called by `match` and by `extend` when enough are
+  pending), so one-token appends stay cheap.
+* max_tokens: when the tokens held pass max_tokens by a quarter, the oldest are dropped so
+  that max_tokens remain; entries whose window reached into the dropped part are removed
+  (a linear filter of every run, no re-sort).
+
+Positions (`Match.position`) count real tokens (not boundaries) since the corpus was
+created, dropped ones included, so they stay valid across evictions.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import Counter
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
+
+TAIL_MAX = 8192  # tokens whose entries stay in the unsorted tail before becoming a run
+MERGE_FACTOR = 4  # merge a run into the previous one while that one is <= this many times larger
+DIR_MIN = 1 << 18  # runs with this many entries (or more) keep keys as directory + low 16 bits
+CHUNK = 1 << 18  # tokens indexed per vectorized pass (bounds transient memory)
+FLUSH_MIN = 2048  # extend indexes pending tokens once this many wait
+SCAN_STEP_MIN = 256  # while more candidates survive, extend them one token at a time
+
+BOUNDARY = -1
+_NEVER = -2  # what context ids that cannot be corpus tokens become
+_INT32_MAX = 2**31 - 1
+_M64 = (1 << 64) - 1
+_PACK_LIMIT = (1 << 21) - 1  # ids below this: the vote packs 3 tokens (>= -1) into one int64
+_SEEN_MASK = (1 << 16) - 1
+_PACK = np.array([1 << 42, 1 << 21, 1], dtype=np.int64)
+_BASE = 0x9E3779B97F4A7C15  # odd: multiplication by it is a bijection mod 2**64
+
+
+@dataclass
+class Match:
+    length: int  # m: tokens of the context's suffix matched (0 = no match), <= max_match
+    tokens: list[int]  # continuation after the chosen occurrence, up to k tokens
+    candidates: int  # n: occurrences of the longest match that were considered
+    agree: int  # c: size of the majority group (same next 3 tokens as the chosen one)
+    agreed: int  # |CT*|: common prefix length (<= k) of the majority group's continuations
+    position: int  # corpus position where the chosen continuation starts (-1: no match)
+
+
+def _no_match() -> Match:
+    return Match(0, [], 0, 0, 0, -1)
+
+
+def _powers(n: int) -> np.ndarray:
+    out, p = [], 1
+    for _ in range(n + 1):
+        out.append(p)
+        p = (p * _BASE) & _M64
+    return np.array(out, dtype=np.uint64)
+
+
+def _key(h: np.ndarray) -> np.ndarray:
+    """Hashes sum_i t[-1-i] * B**(i+1) mod 2**64 -> 32-bit keys (multiplicative hashing: the
+    high half mixes every token in)."""
+    return (h >> np.uint64(32)).astype(np.uint32)
+
+
+def _window_hashes(s: np.ndarray, qs: Sequence[int], pw: np.ndarray) -> dict[int, np.ndarray]:
+    """For each q: G[x] = sum_{i<q} s[x+q-1-i] * B**i (mod 2**64), for x in [0, len(s)-q]."""
+    pow2 = {1: s}
+    w = 1
+    while 2 * w <= max(qs):
+        g = pow2[w]
+        pow2[2 * w] = g[w:] + pw[w] * g[: len(g) - w]
+        w *= 2
+    out = {}
+    for q in qs:
+        acc, width = None, 0
+        p = 1 << (q.bit_length() - 1)
+        while p:
+            if q & p:
+                g = pow2[p]
+                if acc is None:
+                    acc, width = g, p
+                else:  # acc covers the older `width` tokens, g the newer p tokens
+                    n = len(g) - width
+                    acc = g[width:] + pw[p] * acc[:n]
+                    width += p
+            p >>= 1
+        out[q] = acc
+    return out
+
+
+class _Keys:
+    """Sorted uint32 keys: plain, or a 2**16 directory on the high halves plus low halves."""
+
+    __slots__ = ("plain", "dir", "lo")
+
+    def __init__(self, keys: np.ndarray, dir_min: int):
+        if len(keys) >= dir_min:
+            counts = np.bincount(keys >> np.uint32(16), minlength=1 << 16)
+            self.dir = np.zeros((1 << 16) + 1, dtype=np.int32)
+            np.cumsum(counts, out=self.dir[1:])
+            self.lo = (keys & np.uint32(0xFFFF)).astype(np.uint16)
+            self.plain = None
+        else:
+            self.plain = keys
+            self.dir = self.lo = None
+
+    def __len__(self) -> int:
+        return len(self.plain) if self.plain is not None else len(self.lo)
+
+    def full(self) -> np.ndarray:
+        if self.plain is not None:
+            return self.plain
+        hi = np.repeat(np.arange(1 << 16, dtype=np.uint32), np.diff(self.dir))
+        return (hi << np.uint32(16)) | self.lo
+
+    @property
+    def nbytes(self) -> int:
+        if self.plain is not None:
+            return self.plain.nbytes
+        return self.dir.nbytes + self.lo.nbytes
+
+
+class _Run:
+    """Sorted (key, position) entries of every level, for the tokens in [start, end)."""
+
+    __slots__ = ("keys", "pos", "start", "end")
+
+    def __init__(self, keys: list[_Keys], pos: list[np.ndarray], start: int, end: int):
+        self.keys, self.pos, self.start, self.end = keys, pos, start, end
+
+    @classmethod
+    def build(cls, keys: list[np.ndarray], pos: list[np.ndarray], start: int, end: int,
+              dir_min: int) -> "_Run":
+        """From entries in position order (so a stable sort by key orders by key, position)."""
+        ks, ps = [], []
+        for k, p in zip(keys, pos):
+            order = np.argsort(k, kind="stable")
+            ks.append(_Keys(k[order], dir_min))
+            ps.append(p[order])
+        return cls(ks, ps, start, end)
+
+    @property
+    def size(self) -> int:
+        return self.end - self.start
+
+    @property
+    def nbytes(self) -> int:
+        return sum(k.nbytes for k in self.keys) + sum(p.nbytes for p in self.pos)
+
+
+def _merge(old: _Run, new: _Run, dir_min: int) -> _Run:
+    """Merge two runs; every position in `new` is larger than every position in `old`."""
+    keys, pos = [], []
+    for ko, kn, po, pn in zip(old.keys, new.keys, old.pos, new.pos):
+        a, b = ko.full(), kn.full()
+        slots = a.searchsorted(b, "right") + np.arange(len(b))
+        rest = np.ones(len(a) + len(b), dtype=bool)
+        rest[slots] = False
+        k = np.empty(len(a) + len(b), dtype=np.uint32)
+        p = np.empty(len(a) + len(b), dtype=np.int32)
+        k[slots], k[rest] = b, a
+        p[slots], p[rest] = pn, po
+        keys.append(_Keys(k, dir_min))
+        pos.append(p)
+    return _Run(keys, pos, old.start, new.end)
+
+
+def default_levels(min_match: int, max_match: int) -> tuple[int, ...]:
+    """min_match, +1, +2 (adjacent: short suffixes have huge occurrence lists), 8, max_match."""
+    lv = {min_match, min_match + 1, min_match + 2, max(min_match + 3, 8), max_match}
+    return tuple(sorted(q for q in lv if q <= max_match))
+
+
+class Corpus:
+    """Append-only token corpus answering longest-suffix-match queries (see module doc)."""
+
+    def __init__(self, max_tokens: int | None = None, min_match: int = 2, max_match: int = 64,
+                 max_candidates: int = 64, *, levels: Sequence[int] | None = None,
+                 tail_max: int | None = None):
+        if min_match < 1 or max_match < min_match or max_candidates < 1:
+            raise ValueError("need 1 <= min_match <= max_match and max_candidates >= 1")
+        if max_tokens is not None and max_tokens < 1:
+            raise ValueError("max_tokens must be >= 1 (or None)")
+        levels = tuple(levels) if levels is not None else default_levels(min_match, max_match)
+        if (list(levels) != sorted(set(levels)) or levels[0] != min_match
+                or levels[-1] != max_match):
+            raise ValueError("levels must be increasing, from min_match to max_match")
+        self.max_tokens = max_tokens
+        self.min_match = min_match
+        self.max_match = max_match
+        self.max_candidates = max_candidates
+        self.levels = levels
+        self.tail_max = max(1, tail_max if tail_max is not None else TAIL_MAX)
+        self._dir_min = DIR_MIN
+        self._pw = _powers(max_match + 1)
+        # sentinel padding at the buffer start: the longest window (and >= 3 for the vote)
+        W = self._W = max(max_match, 3)
+        # row l: B**(i+1) at column W-1-i for i < levels[l]: keys of a context's suffixes
+        self._qmat = np.zeros((len(levels), W), dtype=np.uint64)
+        for l, q in enumerate(levels):
+            self._qmat[l, W - q :] = self._pw[1 : q + 1][::-1]
+        # the buffer keeps >= W slots past the end, all BOUNDARY, so forward rows never clip
+        self._buf = np.full(2 * W + 4096, BOUNDARY, dtype=np.int32)
+        self._sw = self._windows()
+        self._n = self._W  # buffer slots used
+        self._indexed = self._W  # entries e < _indexed are in the tail or a run
+        self._tail_start = self._W  # entries in [_tail_start, _indexed) are in the tail
+        nl = len(levels)
+        self._tail_keys = [np.empty(self.tail_max, dtype=np.uint32) for _ in range(nl)]
+        self._tail_pos = [np.empty(self.tail_max, dtype=np.int32) for _ in range(nl)]
+        self._tail_len = [0] * nl
+        # _tail_seen[i][key & _SEEN_MASK]: may the tail hold this key? (skips most scans)
+        self._tail_seen = [np.zeros(_SEEN_MASK + 1, dtype=bool) for _ in range(nl)]
+        self._runs: list[_Run] = []
+        self._bounds: list[int] = []  # buffer indices of boundaries, increasing
+        self._held = 0  # real tokens held
+        self._max_id = -1  # largest token id ever added
+        self._dropped = 0  # real tokens evicted so far
+
+    # ------------------------------------------------------------------ updates
+
+    def __len__(self) -> int:
+        return self._held
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the token buffer, the runs and the tail."""
+        return (self._buf.nbytes + sum(r.nbytes for r in self._runs)
+                + sum(a.nbytes for a in self._tail_keys) + sum(a.nbytes for a in self._tail_pos)
+                + sum(a.nbytes for a in self._tail_seen)
+                + 8 * len(self._bounds))
+
+    def extend(self, tokens) -> None:
+        """Append tokens (ids >= 0, < 2**31)."""
+        t = np.asarray(tokens)
+        if t.size == 0:
+            return
+        if t.ndim != 1 or t.dtype.kind not in "iu":
+            raise ValueError("tokens must be a 1-D sequence of integers")
+        lo, hi = int(t.min()), int(t.max())
+        if lo < 0 or hi > _INT32_MAX:
+            raise ValueError("token ids must be in [0, 2**31)")
+        self._max_id = max(self._max_id, hi)
+        self._append(t.astype(np.int32, copy=False))
+        self._held += len(t)
+        mt = self.max_tokens
+        if mt is not None and self._held > mt + mt // 4:
+            self._evict(self._held - mt)
+        if self._n - self._indexed >= FLUSH_MIN:
+            self.flush()
+
+    def end_document(self) -> None:
+        """A boundary: no match or continuation crosses it."""
+        if self._buf[self._n - 1] != BOUNDARY:
+            self._bounds.append(self._n)
+            self._append(np.array([BOUNDARY], dtype=np.int32))
+
+    def _append(self, t: np.ndarray) -> None:
+        end = self._n + len(t)
+        if end + self._W > len(self._buf):
+            if end + self._W > _INT32_MAX:
+                raise OverflowError("corpus buffer is limited to 2**31 slots; set max_tokens")
+            cap = max(end + self._W + 1024, len(self._buf) + len(self._buf) // 8)
+            buf = np.full(cap, BOUNDARY, dtype=np.int32)
+            buf[: self._n] = self._buf[: self._n]
+            self._buf = buf
+            self._sw = self._windows()
+        self._buf[self._n:end] = t
+        self._n = end
+
+    def _windows(self) -> np.ndarray:
+        """Rows buf[r : r + W] (a view); other widths are made (and kept) on demand."""
+        self._views: dict[int, np.ndarray] = {}
+        return self._view(self._W)
+
+    def _view(self, width: int) -> np.ndarray:
+        v = self._views.get(width)
+        if v is None:
+            b, st = self._buf, self._buf.strides[0]
+            v = as_strided(b, shape=(len(b) - width + 1, width), strides=(st, st),
+                           writeable=False)
+            self._views[width] = v
+        return v
+
+    def flush(self) -> None:
+        """Index pending tokens now (match does it anyway; call it to keep match latency even)."""
+        while self._indexed < self._n:
+            a = self._indexed
+            b = min(self._n, a + CHUNK)
+            keys, pos = self._entries(a, b)
+            nl = len(self.levels)
+            if b - self._tail_start > self.tail_max:  # tail + these become a run
+                keys = [np.concatenate((self._tail_keys[i][: self._tail_len[i]], keys[i]))
+                        for i in range(nl)]
+                pos = [np.concatenate((self._tail_pos[i][: self._tail_len[i]], pos[i]))
+                       for i in range(nl)]
+                self._push(_Run.build(keys, pos, self._tail_start, b, self._dir_min))
+                self._tail_len = [0] * nl
+                for seen in self._tail_seen:
+                    seen[:] = False
+                self._tail_start = b
+            else:
+                for i in range(nl):
+                    t0, t1 = self._tail_len[i], self._tail_len[i] + len(keys[i])
+                    self._tail_keys[i][t0:t1] = keys[i]
+                    self._tail_pos[i][t0:t1] = pos[i]
+                    self._tail_len[i] = t1
+                    self._tail_seen[i][keys[i] & _SEEN_MASK] = True
+            self._indexed = b
+
+    def _entries(self, a: int, b: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """Keys and positions, per level, of the valid entries e in [a, b)."""
+        Q = self.max_match
+        s32 = self._buf[a - Q : b]  # a >= W = Q
+        neg = s32 < 0
+        cn = np.zeros(len(s32) + 1, dtype=np.int32)
+        np.cumsum(neg, out=cn[1:])
+        nb = b - a
+        real_next = ~neg[Q:]
+        hashes = _window_hashes(s32.astype(np.uint64), self.levels, self._pw)
+        e = np.arange(a, b, dtype=np.int32)
+        keys, pos = [], []
+        base = self._pw[1]
+        for q in self.levels:
+            ok = real_next & (cn[Q : Q + nb] == cn[Q - q : Q - q + nb])
+            keys.append(_key(hashes[q][Q - q : Q - q + nb][ok] * base))
+            pos.append(e[ok])
+        return keys, pos
+
+    def _push(self, run: _Run) -> None:
+        runs = self._runs
+        runs.append(run)
+        while len(runs) >= 2 and runs[-2].size <= MERGE_FACTOR * runs[-1].size:
+            new = runs.pop()
+            runs[-1] = _merge(runs[-1], new, self._dir_min)
+
+    def _evict(self, drop: int) -> None:
+        """Drop the oldest `drop` real tokens (and whatever index entries saw them)."""
+        W, bounds = self._W, self._bounds
+
+        def real_before(c: int) -> int:
+            return c - W - bisect.bisect_left(bounds, c)
+
+        # first kept token: the smallest c with `drop` real tokens before it, itself real
+        cut = W + bisect.bisect_left(range(W, self._n), drop + 1,
+                                     key=lambda c: real_before(c + 1))
+        shift = cut - W
+        keep = self._n - cut
+        self._buf[W : W + keep] = self._buf[cut : self._n]
+        self._buf[W + keep : self._n] = BOUNDARY
+        self._n = W + keep
+        if len(self._buf) > 2 * (self._n + W + 1024):
+            self._buf = self._buf[: self._n + W + 1024].copy()
+            self._sw = self._windows()
+        runs = []
+        for run in self._runs:
+            if run.end <= cut:
+                continue
+            ks, ps = [], []
+            for i, q in enumerate(self.levels):
+                p = run.pos[i]
+                ok = p >= cut + q
+                ks.append(_Keys(run.keys[i].full()[ok], self._dir_min))
+                ps.append(p[ok] - shift)
+            runs.append(_Run(ks, ps, max(run.start, cut) - shift, run.end - shift))
+        self._runs = runs
+        for i, q in enumerate(self.levels):
+            n = self._tail_len[i]
+            p = self._tail_pos[i][:n]
+            ok = p >= cut + q
+            m = int(ok.sum())
+            self._tail_keys[i][:m] = self._tail_keys[i][:n][ok]
+            self._tail_pos[i][:m] = p[ok] - shift
+            self._tail_len[i] = m
+        self._tail_start = max(self._tail_start, cut) - shift
+        self._indexed = max(self._indexed, cut) - shift
+        self._bounds = [x - shift for x in bounds if x >= cut]
+        self._dropped += drop
+        self._held -= drop
+
+    # ------------------------------------------------------------------ lookup
+
+    def match(self, context, k: int) -> Match:
+        """Longest suffix of `context` in the corpus and up to k tokens that followed it."""
+        if self._indexed < self._n:
+            self.flush()
+        ctx = self._context(context)
+        L = len(ctx)
+        if L < self.min_match or self._held == 0:
+            return _no_match()
+        levels = self.levels
+        fwd = min(max(int(k), 3), self._W)  # continuation tokens read with each candidate
+        # keys of the context's last q tokens (garbage for levels longer than L)
+        keys = _key(self._qmat[:, self._W - L :] @ ctx.astype(np.uint64))
+        top = bisect.bisect_right(levels, L) - 1
+        for i in range(top, -1, -1):
+            q = levels[i]
+            cap = levels[i + 1] - 1 if i < top else L
+            parts = self._occurrences(i, keys[i])
+            if not parts:
+                continue
+            if cap == q:
+                m, found = q, self._recent(parts, q, ctx, fwd)
+            else:
+                m, found = self._scan(parts, q, cap, ctx, fwd)
+            if found is not None:
+                return self._vote(*found, q, m, k)
+        return _no_match()
+
+    def _context(self, context) -> np.ndarray:
+        """The last max_match ids as int32; ids that cannot be tokens become _NEVER."""
+        c = context[-self.max_match :]
+        if not isinstance(c, np.ndarray):
+            try:
+                c = np.array(c, dtype=np.int32)
+            except OverflowError:
+                c = np.array([t if 0 <= t <= _INT32_MAX else _NEVER for t in c], dtype=np.int32)
+        elif c.dtype != np.int32:
+            c = c.astype(np.int64)
+            c[(c < 0) | (c > _INT32_MAX)] = _NEVER
+            c = c.astype(np.int32)
+        if len(c) and c.min() < 0:
+            c = np.where(c < 0, _NEVER, c).astype(np.int32)
+        return c
+
+    def _occurrences(self, i: int, v32: np.uint32) -> list[np.ndarray]:
+        """Positions whose level-i key is v32: arrays in increasing position order."""
+        parts = []
+        v = int(v32)
+        for run in self._runs:
+            keys = run.keys[i]
+            if keys.plain is not None:
+                a = keys.plain
+                lo = int(a.searchsorted(v32))
+                if lo == len(a) or a[lo] != v32:
+                    continue
+                hi = int(a.searchsorted(v32, "right"))
+            else:
+                s, e = keys.dir[v >> 16 : (v >> 16) + 2].tolist()
+                if s == e:
+                    continue
+                a = keys.lo[s:e]
+                low = v & 0xFFFF
+                lo = int(a.searchsorted(low))
+                if lo == e - s or a[lo] != low:
+                    continue
+                lo, hi = s + lo, s + int(a.searchsorted(low, "right"))
+            parts.append(run.pos[i][lo:hi])
+        n = self._tail_len[i]
+        if n and self._tail_seen[i][v & _SEEN_MASK]:
+            hit = (self._tail_keys[i][:n] == v32).nonzero()[0]
+            if hit.size:
+                parts.append(self._tail_pos[i][hit])
+        return parts
+
+    def _recent(self, parts: list[np.ndarray], q: int, ctx: np.ndarray, fwd: int):
+        """The most recent max_candidates positions e of `parts` whose q tokens before them
+        are the context's last q, most recent first, with rows buf[e - q : e + fwd]; or None."""
+        want = self.max_candidates
+        view = self._view(q + fwd)
+        target = ctx[len(ctx) - q :]
+        # usually every hash hit is a real occurrence: check the newest `want` at once
+        e = parts[-1][-want:] if len(parts) == 1 else \
+            np.concatenate([p[-want:] for p in parts])[-want:]
+        e = e[::-1]
+        rows = view[e - q]
+        if (rows[:, :q] == target).all():
+            return e, rows
+        got_e, got_rows = [], []
+        have = 0
+        for part in reversed(parts):
+            end = len(part)
+            while end > 0 and have < want:
+                start = max(0, end - (want - have))
+                e = part[start:end][::-1]
+                rows = view[e - q]
+                ok = (rows[:, :q] == target).all(axis=1)
+                if not ok.all():
+                    e, rows = e[ok], rows[ok]
+                got_e.append(e)
+                got_rows.append(rows)
+                have += len(e)
+                end = start
+            if have >= want:
+                break
+        if not have:
+            return None
+        if len(got_e) == 1:
+            return got_e[0], got_rows[0]
+        return np.concatenate(got_e), np.concatenate(got_rows)
+
+    def _scan(self, parts: list[np.ndarray], q: int, cap: int, ctx: np.ndarray, fwd: int):
+        """All occurrences at level q, extended up to cap: (m, _recent of the longest)."""
+        W, L, buf = self._W, len(ctx), self._buf
+        P = np.concatenate(parts) if len(parts) > 1 else parts[0]
+        lcp = np.full(len(P), q, dtype=np.int32)  # assuming the q-window matches
+        alive = np.arange(len(P))
+        d = q
+        while d < cap and len(alive) > SCAN_STEP_MIN:
+            ok = buf[P[alive] - (d + 1)] == ctx[L - d - 1]
+            alive = alive[ok]
+            d += 1
+            lcp[alive] = d
+        if d < cap and len(alive):  # exact lengths (q-window included) for the survivors
+            eq = self._sw[P[alive] - W][:, W - cap :] == ctx[L - cap :]
+            run = np.logical_and.accumulate(eq[:, ::-1], axis=1).sum(axis=1)
+            lcp[alive] = np.where(run >= q, run, -1)
+        while True:
+            m = int(lcp.max())
+            if m < q:
+                return 0, None
+            grp = np.flatnonzero(lcp == m)
+            found = self._recent([P[grp]], q, ctx, fwd)
+            if found is not None:
+                return m, found
+            lcp[grp] = -1  # all were hash collisions
+
+    def _vote(self, e: np.ndarray, rows: np.ndarray, q: int, m: int, k: int) -> Match:
+        """e: candidates, most recent first; rows[j] = buf[e_j - q : e_j + fwd] (a copy)."""
+        n_cand = len(e)
+        if n_cand == 1:
+            i, same = 0, None
+        else:
+            # the continuation's first token is real; the third counts only if the second is
+            ended = rows[:, q + 1] < 0
+            if ended.any():
+                rows[:, q + 2][ended] = BOUNDARY
+            if self._max_id < _PACK_LIMIT:  # next 3 tokens as one exact int64
+                key = rows[:, q : q + 3] @ _PACK
+            else:  # ids up to 2**31: first two tokens as one int64, vote on (that, third)
+                key = list(zip(rows[:, q : q + 2].copy().view(np.int64)[:, 0].tolist(),
+                               rows[:, q + 2].tolist()))
+            keys = key if isinstance(key, list) else key.tolist()
+            count = Counter(keys)
+            top = max(count.values())
+            if top == n_cand:
+                i, same = 0, slice(None)
+            else:
+                i = next(j for j, x in enumerate(keys) if count[x] == top)  # most recent
+                same = np.array([x == keys[i] for x in keys]) if isinstance(key, list) \
+                    else key == keys[i]
+        chosen = int(e[i])
+        seg = self._buf[chosen : chosen + max(int(k), 0)]
+        stop = (seg < 0).nonzero()[0]
+        tokens = seg[: stop[0]] if stop.size else seg
+        n = len(tokens)
+        agreed = n
+        members = 1 if same is None else (n_cand if isinstance(same, slice) else int(same.sum()))
+        if members > 1 and n:
+            if n <= rows.shape[1] - q:
+                conts = rows[same][:, q : q + n]
+            else:
+                conts = self._buf.take(e[same][:, None] + np.arange(n), mode="clip")
+            eq = conts == tokens
+            if not eq.all():
+                agreed = int(np.logical_and.accumulate(eq, axis=1).sum(axis=1).min())
+        position = self._dropped + chosen - self._W - bisect.bisect_left(self._bounds, chosen)
+        return Match(m, tokens.tolist(), n_cand, members, agreed, position)

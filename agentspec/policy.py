@@ -1,0 +1,236 @@
+"""The agentspec drafter: what to draft (corpora, structure) and how much (controller, allocator).
+
+One `Policy` class serves every rung of the method ladder; a `PolicyConfig` switches its
+mechanisms on:
+- corpora (AgSpec): S = this session's prompts, tool outputs and outputs (shared by all
+  roles, including the running output); W = files the session opened, raw and in the
+  ' '- and '-'-prefixed diff emission forms; G = outputs of other sessions. S and W compete
+  on match length (tie: S); G wins only when longer by more than `delta`.
+- structure isolation (AgentSpec): a pushdown automaton tracks the open block of each
+  output; block history is kept per (session, agent, query, block type).
+- length: fixed, AgSpec's alpha controller with per-role Kmax, AgentSpec's Algorithm 2,
+  or our cost-aware allocator.
+Sessions never see each other's S, W or block history.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Callable, Sequence
+
+from agentspec.allocator import CostAware, agentspec_lengths
+from agentspec.controller import Controller, KmaxTable
+from agentspec.drafter import FILE, OUTPUT, Request
+from agentspec.match import Corpus, Match
+from agentspec.structure import BlockTracker, StructureError, parse_structure
+
+NO_MATCH = Match(length=0, tokens=[], candidates=0, agree=0, agreed=0, position=-1)
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    name: str
+    session: bool = True
+    workspace: bool = False  # W, raw files
+    emission: bool = False  # W, diff emission forms too
+    global_: bool = False  # G
+    isolate: bool = False  # drafts inside a block only from history of that block
+    isolate_only: bool = False  # AgentSpec: block history is the only source
+    length: str = "fixed"  # fixed | alpha | algorithm2 | cost
+    fixed_k: int = 10
+    max_k: int = 64
+    delta: int = 5
+    lam: float = 0.2
+    alg2_alpha: float = 32.0
+    g_min: float = 0.3
+    s_max_tokens: int = 4_000_000
+    g_max_tokens: int = 20_000_000
+
+
+@dataclass
+class _Session:
+    s: Corpus
+    w: Corpus
+    blocks: dict[tuple[str, str, str | None], Corpus] = field(default_factory=dict)
+
+
+@dataclass
+class _Running:
+    """Per-request state: output tokens already absorbed, PDA, last decision."""
+
+    fed: int = 0
+    tracker: BlockTracker | None = None
+    match_len: int = 0
+
+
+def emission_forms(text: str) -> tuple[str, str]:
+    """The forms a unified diff copies a file in: context lines and removed lines."""
+    lines = text.splitlines()
+    return ("".join(" " + l + "\n" for l in lines), "".join("-" + l + "\n" for l in lines))
+
+
+class Policy:
+    def __init__(self, config: PolicyConfig, encode: Callable[[str], list[int]] | None = None,
+                 decode: Callable[[list[int]], str] | None = None,
+                 token_bytes: list[bytes] | None = None, kmax: KmaxTable | None = None,
+                 lam_of: Callable[[int], float] | None = None,
+                 global_seed: Sequence[Sequence[int]] = ()):
+        self.config = config
+        self.name = config.name
+        self.encode, self.decode = encode, decode
+        self.token_bytes = token_bytes
+        self.lam_of = lam_of or (lambda b: config.lam)
+        self.controller = Controller(lam=config.lam, kmax=dict(kmax.kmax) if kmax else {})
+        self.acceptance = CostAware(max_k=config.max_k, prior=kmax.survival if kmax else None)
+        self.sessions: dict[str, _Session] = {}
+        self.running: dict[str, _Running] = {}
+        self.g = Corpus(max_tokens=config.g_max_tokens) if config.global_ else None
+        for tokens in global_seed if self.g is not None else ():
+            self.g.extend(tokens)
+            self.g.end_document()
+        self.warnings: list[str] = []
+
+    # --- text the session saw -------------------------------------------------------
+    def _session(self, sid: str) -> _Session:
+        if sid not in self.sessions:
+            self.sessions[sid] = _Session(Corpus(max_tokens=self.config.s_max_tokens),
+                                          Corpus(max_tokens=self.config.s_max_tokens))
+        return self.sessions[sid]
+
+    def register(self, session: str, kind: str, tokens: Sequence[int], path: str = "") -> None:
+        st = self._session(session)
+        if kind == FILE:
+            if not self.config.workspace:
+                return
+            st.w.extend(tokens)
+            st.w.end_document()
+            if self.config.emission and self.encode and self.decode:
+                for form in emission_forms(self.decode(list(tokens))):
+                    st.w.extend(self.encode(form))
+                    st.w.end_document()
+        elif kind != OUTPUT and self.config.session:
+            st.s.extend(tokens)
+            st.s.end_document()
+
+    # --- requests --------------------------------------------------------------------
+    def start(self, request: Request) -> None:
+        self._session(request.session)
+        run = _Running(fed=request.num_prompt)
+        if self.config.isolate and request.structure and self.token_bytes is not None:
+            try:
+                pairs = parse_structure([list(p) for p in request.structure])
+                run.tracker = BlockTracker(pairs, self.token_bytes)
+            except StructureError as e:
+                self.warnings.append(f"request {request.id}: structure ignored ({e})")
+        self.running[request.id] = run
+
+    def _absorb(self, request: Request, run: _Running) -> None:
+        """Move newly generated output tokens into S and the block history."""
+        new = request.tokens[run.fed:]
+        if not new:
+            return
+        run.fed = len(request.tokens)
+        st = self.sessions[request.session]
+        if self.config.session:
+            st.s.extend(new)
+        if self.config.isolate:
+            labels = run.tracker.feed(new) if run.tracker else [None] * len(new)
+            start = 0
+            for i in range(1, len(new) + 1):
+                if i == len(new) or labels[i] != labels[start]:
+                    self._block(st, request, labels[start]).extend(new[start:i])
+                    start = i
+
+    def _block(self, st: _Session, request: Request, label: str | None) -> Corpus:
+        key = (request.agent, request.query, label)
+        if key not in st.blocks:
+            st.blocks[key] = Corpus(max_tokens=self.config.s_max_tokens)
+        return st.blocks[key]
+
+    def _retrieve(self, request: Request, run: _Running, k: int) -> Match:
+        st = self.sessions[request.session]
+        ctx = request.tokens[-self.config.max_k:]
+        best = NO_MATCH
+        if self.config.isolate:
+            label = run.tracker.block if run.tracker else None
+            key = (request.agent, request.query, label)
+            if key in st.blocks:
+                best = st.blocks[key].match(ctx, k)
+            if self.config.isolate_only:
+                return best
+        for corpus in (st.s if self.config.session else None,
+                       st.w if self.config.workspace else None):
+            if corpus is not None and len(corpus):
+                m = corpus.match(ctx, k)
+                if m.length > best.length:
+                    best = m
+        if self.g is not None and len(self.g):
+            m = self.g.match(ctx, k)
+            if m.length > best.length + self.config.delta:
+                best = m
+        return best
+
+    def propose(self, batch: Sequence[Request]) -> list[list[int]]:
+        cfg = self.config
+        matches = []
+        for r in batch:
+            run = self.running[r.id]
+            self._absorb(r, run)
+            matches.append(self._retrieve(r, run, cfg.max_k))
+        if cfg.length == "fixed":
+            lengths = [cfg.fixed_k if m.length else 0 for m in matches]
+        elif cfg.length == "alpha":
+            lengths = [self.controller.length(r.role, m.length) for r, m in zip(batch, matches)]
+        elif cfg.length == "algorithm2":
+            lengths = agentspec_lengths(
+                [(m.candidates, m.agree, m.agreed) if m.length else None for m in matches],
+                cfg.alg2_alpha, cfg.g_min)
+        else:
+            threshold = self.lam_of(len(batch))
+            lengths = [self.acceptance.length(r.role, m.length, self.controller.cap(r.role),
+                                              threshold) for r, m in zip(batch, matches)]
+        drafts = []
+        for r, m, k in zip(batch, matches, lengths):
+            self.running[r.id].match_len = m.length
+            drafts.append(m.tokens[:k])
+        return drafts
+
+    def observe(self, request: Request, drafted: int, accepted: int) -> None:
+        run = self.running[request.id]
+        self.controller.update(request.role, drafted, accepted)
+        self.acceptance.observe(request.role, run.match_len, drafted, accepted)
+
+    def finish(self, request: Request) -> None:
+        run = self.running.pop(request.id)
+        self._absorb(request, run)
+        st = self.sessions[request.session]
+        st.s.end_document()
+        for corpus in st.blocks.values():
+            corpus.end_document()
+        if self.g is not None and request.output:
+            self.g.extend(request.output)
+            self.g.end_document()
+
+    def drop_session(self, session: str) -> None:
+        self.sessions.pop(session, None)
+
+
+def ladder(lam: float = 0.2) -> dict[str, PolicyConfig]:
+    """The method ladder of `agentspec bench`, each rung adding one mechanism."""
+    session = PolicyConfig("session")
+    workspace = replace(session, name="workspace", workspace=True)
+    emission = replace(workspace, name="emission", emission=True)
+    glob = replace(emission, name="global", global_=True)
+    return {
+        "session": session,
+        "workspace": workspace,
+        "emission": emission,
+        "global": glob,
+        "fixed32": replace(glob, name="fixed32", fixed_k=32),
+        "agspec": replace(glob, name="agspec", length="alpha", lam=lam),
+        "agentspec-s": PolicyConfig("agentspec-s", session=False, isolate=True,
+                                    isolate_only=True),
+        "agentspec": PolicyConfig("agentspec", session=False, isolate=True, isolate_only=True,
+                                  length="algorithm2"),
+        "full": replace(glob, name="full", isolate=True, length="cost", lam=lam),
+    }

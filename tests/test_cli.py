@@ -1,0 +1,93 @@
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from agentspec.cli import app
+from conftest import session_obj, write_jsonl
+
+runner = CliRunner()
+
+
+@pytest.fixture
+def trace(tmp_path):
+    return write_jsonl(tmp_path / "t.jsonl", [session_obj(f"s{i}", task=f"task{i}")
+                                              for i in range(8)])
+
+
+def bench(*args, model):
+    return runner.invoke(app, ["bench", "--model", str(model), *map(str, args)])
+
+
+def test_bench_writes_the_report_and_plot(tmp_path, trace, tiny_model_dir):
+    r = bench("--traces", trace, "--methods", "plain,ngram,suffix,full", "--json",
+              tmp_path / "r.json", "--plot", tmp_path / "r.png", model=tiny_model_dir)
+    assert r.exit_code == 0, r.output
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert list(report["methods"]) == ["plain", "ngram", "suffix", "full"]
+    assert report["methods"]["plain"]["al"] == 1.0
+    assert report["sessions"] < 8  # the other tasks went to profiling
+    assert (tmp_path / "r.png").stat().st_size > 1000
+
+
+def test_a_few_bad_sessions_are_skipped_with_a_count(tmp_path, tiny_model_dir):
+    bad = session_obj("broken")
+    bad["calls"][0]["message"] = 0
+    path = write_jsonl(tmp_path / "t.jsonl", [session_obj("a"), "{oops", bad,
+                                              session_obj("b")])
+    r = bench("--traces", path, "--no-split", "--methods", "plain", model=tiny_model_dir)
+    assert r.exit_code == 0, r.output
+    assert "skipped 2 malformed session(s)" in r.output
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--traces", "missing.jsonl.gz"], "no such trace file"),
+    (["--methods", "plain,nope"], "unknown method(s) nope"),
+    (["--structure", "[[\"```\"]]"], "structure"),
+    (["--cost-profile", "corrupt.json"], "corrupt.json"),
+    (["--kmax", "missing-kmax.json"], "no such Kmax table"),
+    (["--backend", "tpu"], "backend 'tpu' is not available"),
+    (["--sessions", "0"], "at least 1"),
+])
+def test_bad_input_exits_2_with_one_message(tmp_path, trace, tiny_model_dir, monkeypatch, args,
+                                            message):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "corrupt.json").write_text("{")
+    if "--traces" not in args:
+        args = ["--traces", str(trace), *args]
+    r = bench(*args, model=tiny_model_dir)
+    assert r.exit_code == 2
+    assert message in r.output and "Traceback" not in r.output
+
+
+def test_a_file_of_garbage_and_a_bad_flag(tmp_path, tiny_model_dir):
+    garbage = tmp_path / "g.jsonl"
+    garbage.write_text("not json\n")
+    r = bench("--traces", garbage, model=tiny_model_dir)
+    assert r.exit_code == 2 and "no valid session" in r.output
+    r = runner.invoke(app, ["bench", "--traces", str(garbage), "--frobnicate"])
+    assert r.exit_code == 2
+
+
+def test_unknown_model_is_a_clear_error(trace):
+    r = runner.invoke(app, ["bench", "--traces", str(trace), "--model", "no-such-model"])
+    assert r.exit_code == 2 and "no-such-model" in r.output
+
+
+def test_profile_kmax_writes_a_table(tmp_path, trace, tiny_model_dir):
+    out = tmp_path / "kmax.json"
+    r = runner.invoke(app, ["profile-kmax", "--traces", str(trace), "--lambda", "0.2",
+                            "--out", str(out), "--part", "all", "--model", str(tiny_model_dir),
+                            "--plot", str(tmp_path / "k.png")])
+    assert r.exit_code == 0, r.output
+    table = json.loads(out.read_text())
+    assert table["format"] == "agentspec.kmax/1" and table["kmax"]["code"] >= 1
+    r = runner.invoke(app, ["bench", "--traces", str(trace), "--methods", "agspec",
+                            "--kmax", str(out), "--model", str(tiny_model_dir)])
+    assert r.exit_code == 0, r.output
+
+
+def test_every_command_has_help_with_examples():
+    for cmd in (["bench"], ["profile-kmax"], ["models", "pull"], ["models", "list"]):
+        r = runner.invoke(app, [*cmd, "--help"])
+        assert r.exit_code == 0 and "Example" in r.output

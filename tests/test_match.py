@@ -1,0 +1,313 @@
+"""The match engine against a brute-force reference of its rule."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from agentspec import match as match_mod
+from agentspec.match import Corpus, Match, default_levels
+
+
+class Reference:
+    """The rule of `Corpus.match`, written plainly (O(corpus x max_match) per lookup)."""
+
+    def __init__(self, max_tokens=None, min_match=2, max_match=64, max_candidates=64):
+        self.max_tokens, self.min_match = max_tokens, min_match
+        self.max_match, self.max_candidates = max_match, max_candidates
+        self.stream: list[int | None] = []  # None = document boundary
+        self.dropped = 0
+
+    def extend(self, tokens):
+        self.stream.extend(int(t) for t in tokens)
+        held = sum(t is not None for t in self.stream)
+        mt = self.max_tokens
+        if mt is not None and held > mt + mt // 4:
+            drop = held - mt
+            self.dropped += drop
+            while drop:  # drop through the `drop`-th real token (and boundaries before it)
+                if self.stream.pop(0) is not None:
+                    drop -= 1
+
+    def end_document(self):
+        self.stream.append(None)
+
+    def _cont(self, e, limit):
+        out, s = [], self.stream
+        while e < len(s) and s[e] is not None and len(out) < limit:
+            out.append(s[e])
+            e += 1
+        return out
+
+    def match(self, context, k) -> Match:
+        s = self.stream
+        ctx = [int(t) for t in context][-self.max_match :]
+        occ, m = [], 0
+        for m in range(len(ctx), self.min_match - 1, -1):
+            pat = ctx[len(ctx) - m :]
+            occ = [e for e in range(m, len(s)) if s[e] is not None and s[e - m : e] == pat]
+            if occ:
+                break
+        if not occ:
+            return Match(0, [], 0, 0, 0, -1)
+        occ = occ[-self.max_candidates :]
+        groups: dict[tuple, list[int]] = {}
+        for e in occ:
+            groups.setdefault(tuple(self._cont(e, 3)), []).append(e)
+        best = max(groups.values(), key=lambda g: (len(g), max(g)))
+        chosen = max(best)
+        tokens = self._cont(chosen, max(k, 0))
+        agreed = len(tokens)
+        for e in best:
+            c = self._cont(e, max(k, 0))
+            n = 0
+            while n < min(len(c), agreed) and c[n] == tokens[n]:
+                n += 1
+            agreed = n
+        position = self.dropped + sum(t is not None for t in s[:chosen])
+        return Match(m, tokens, len(occ), len(best), agreed, position)
+
+
+# ---------------------------------------------------------------- property tests
+
+def _ops(alphabet: int):
+    tok = st.integers(0, alphabet - 1)
+    return st.lists(
+        st.one_of(
+            st.tuples(st.just("extend"), st.lists(tok, min_size=0, max_size=40)),
+            st.tuples(st.just("end"), st.none()),
+            st.tuples(st.just("match"), st.lists(tok, min_size=0, max_size=14)),
+            # a context copied from the corpus (plus a random tail), so long matches happen
+            st.tuples(st.just("echo"), st.tuples(st.integers(0, 10**6), st.integers(1, 16),
+                                                 st.lists(tok, max_size=2))),
+        ),
+        min_size=1, max_size=30,
+    )
+
+
+@st.composite
+def configs(draw):
+    min_match = draw(st.integers(1, 3))
+    max_match = draw(st.integers(min_match, 12))
+    inner = list(range(min_match + 1, max_match))
+    if inner:
+        levels = (min_match, *sorted(draw(st.sets(st.sampled_from(inner)))), max_match)
+    else:
+        levels = tuple(sorted({min_match, max_match}))
+    return dict(
+        max_tokens=draw(st.one_of(st.none(), st.integers(1, 80))),
+        min_match=min_match, max_match=max_match,
+        max_candidates=draw(st.integers(1, 6)),
+        levels=draw(st.sampled_from([None, levels])),
+        tail_max=draw(st.integers(1, 24)),
+    )
+
+
+KNOBS = st.fixed_dictionaries({
+    # small values so that one-token scan steps, chunked indexing and merges all happen
+    "SCAN_STEP_MIN": st.sampled_from([0, 1, 3, 256]),
+    "CHUNK": st.sampled_from([1, 5, 1 << 18]),
+    "FLUSH_MIN": st.sampled_from([1, 7, 2048]),
+    "MERGE_FACTOR": st.sampled_from([1, 2, 4]),
+})
+
+
+def run_ops(cfg, ops, k=5, dir_min=None, knobs=None):
+    saved = {name: getattr(match_mod, name) for name in (knobs or {})}
+    try:
+        for name, value in (knobs or {}).items():
+            setattr(match_mod, name, value)
+        _run_ops(cfg, ops, k, dir_min)
+    finally:
+        for name, value in saved.items():
+            setattr(match_mod, name, value)
+
+
+def _run_ops(cfg, ops, k, dir_min):
+    corpus = Corpus(cfg["max_tokens"], cfg["min_match"], cfg["max_match"], cfg["max_candidates"],
+                    levels=cfg["levels"], tail_max=cfg["tail_max"])
+    if dir_min is not None:
+        corpus._dir_min = dir_min
+    ref = Reference(cfg["max_tokens"], cfg["min_match"], cfg["max_match"], cfg["max_candidates"])
+    for op, arg in ops:
+        if op == "extend":
+            corpus.extend(arg)
+            ref.extend(arg)
+        elif op == "end":
+            corpus.end_document()
+            ref.end_document()
+        else:
+            if op == "echo":
+                start, n, extra = arg
+                real = [t for t in ref.stream if t is not None]
+                ctx = (real[start % len(real):][:n] if real else []) + extra
+            else:
+                ctx = arg
+            got, want = corpus.match(ctx, k), ref.match(ctx, k)
+            assert got == want, (ctx, ref.stream)
+            assert corpus.match(np.array(ctx, dtype=np.int64), k) == want
+        assert len(corpus) == sum(t is not None for t in ref.stream)
+
+
+SETTINGS = settings(max_examples=250, deadline=None,
+                    suppress_health_check=[HealthCheck.too_slow])
+
+
+@SETTINGS
+@given(configs(), _ops(3), KNOBS)
+def test_matches_reference_tiny_alphabet(cfg, ops, knobs):
+    run_ops(cfg, ops, knobs=knobs)
+
+
+@SETTINGS
+@given(configs(), _ops(6), st.integers(0, 8), KNOBS)
+def test_matches_reference_compressed_runs(cfg, ops, k, knobs):
+    # every run keeps its keys as directory + 16-bit halves
+    run_ops(cfg, ops, k=k, dir_min=0, knobs=knobs)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(configs(), _ops(4), KNOBS, st.booleans(), st.sampled_from([1, 2, 4]))
+def test_hash_collisions_never_change_answers(cfg, ops, knobs, compressed, values):
+    # a hash with 1-4 values: every bucket is full of impostors that verification must drop
+    knobs = dict(knobs, _key=lambda h: (h % np.uint64(values)).astype(np.uint32))
+    run_ops(cfg, ops, dir_min=0 if compressed else None, knobs=knobs)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.lists(st.sampled_from([0, 1, 259_999, 2**31 - 1]), max_size=30),
+                min_size=1, max_size=8),
+       st.integers(1, 3))
+def test_large_token_ids(chunks, min_match):
+    corpus = Corpus(min_match=min_match, max_match=8, max_candidates=4, tail_max=7)
+    ref = Reference(min_match=min_match, max_match=8, max_candidates=4)
+    for c in chunks:
+        corpus.extend(c)
+        ref.extend(c)
+        for ctx in (c, c[: len(c) // 2], [1, 2**31 - 1]):
+            assert corpus.match(ctx, 4) == ref.match(ctx, 4)
+
+
+def test_long_random_stream_against_reference():
+    """A longer stream (many runs and merges) with a default-shaped configuration."""
+    rng = np.random.default_rng(7)
+    corpus = Corpus(max_tokens=3000, min_match=2, max_match=24, max_candidates=8, tail_max=97)
+    ref = Reference(max_tokens=3000, min_match=2, max_match=24, max_candidates=8)
+    base = rng.integers(0, 5, 400)
+    for step in range(40):
+        if step % 3 == 0:
+            chunk = base[rng.integers(0, 300) :][: rng.integers(20, 100)]  # repeats
+        else:
+            chunk = rng.integers(0, 5, rng.integers(1, 120))
+        corpus.extend(chunk)
+        ref.extend(chunk)
+        if step % 7 == 6:
+            corpus.end_document()
+            ref.end_document()
+        real = np.array([t for t in ref.stream if t is not None])
+        for _ in range(5):
+            at = rng.integers(0, len(real))
+            ctx = list(real[max(0, at - 30) : at]) + list(rng.integers(0, 5, rng.integers(0, 3)))
+            assert corpus.match(ctx, 6) == ref.match(ctx, 6)
+
+
+# ---------------------------------------------------------------- unit tests
+
+def test_majority_vote_beats_recency():
+    c = Corpus(min_match=2, max_match=8)
+    for cont in ([7, 8, 9], [7, 8, 9], [5, 5, 5]):  # most recent disagrees
+        c.extend([1, 2] + cont)
+        c.end_document()
+    m = c.match([0, 1, 2], 3)
+    assert (m.length, m.tokens, m.candidates, m.agree, m.agreed) == (2, [7, 8, 9], 3, 2, 3)
+    assert m.position == 7  # the later of the two agreeing occurrences
+
+
+def test_tie_goes_to_most_recent():
+    c = Corpus(min_match=2, max_match=8)
+    for cont in ([7, 8, 9], [5, 5, 5], [7, 8, 9], [5, 5, 6]):
+        c.extend([1, 2] + cont)
+        c.end_document()
+    m = c.match([1, 2], 5)  # (7,8,9) x2 beats (5,5,5) and (5,5,6)
+    assert (m.tokens, m.agree) == ([7, 8, 9], 2)
+    c.extend([1, 2, 5, 5, 6])
+    m = c.match([1, 2], 5)  # now (7,8,9) x2 vs (5,5,6) x2: the latter holds the newest
+    assert (m.tokens, m.agree, m.agreed, m.candidates) == ([5, 5, 6], 2, 3, 5)
+
+
+def test_agreed_is_common_prefix_within_group():
+    c = Corpus(min_match=2, max_match=8)
+    c.extend([1, 2, 3, 4, 5, 6, 0, 1, 2, 3, 4, 5, 9])
+    m = c.match([1, 2], 10)
+    assert m.tokens == [3, 4, 5, 9] and m.agree == 2 and m.agreed == 3
+
+
+def test_longest_match_wins_over_count_and_boundaries_stop():
+    c = Corpus(min_match=2, max_match=8)
+    c.extend([4, 1, 2, 3] * 5)
+    c.extend([9, 1, 2, 7])
+    c.end_document()
+    c.extend([8, 8])
+    m = c.match([9, 1, 2], 4)
+    assert (m.length, m.tokens, m.candidates) == (3, [7], 1)
+    assert c.match([7, 8], 2).length == 0  # would cross the boundary
+    assert c.match([8, 8], 2).length == 0  # nothing follows the last occurrence
+
+
+def test_max_candidates_keeps_most_recent():
+    c = Corpus(min_match=2, max_match=8, max_candidates=2)
+    c.extend([1, 2, 5, 1, 2, 5, 1, 2, 6, 1, 2, 7])
+    m = c.match([1, 2], 1)
+    assert (m.candidates, m.agree, m.tokens, m.position) == (2, 1, [7], 11)
+
+
+def test_eviction_drops_oldest_and_positions_stay_global():
+    c = Corpus(max_tokens=8, min_match=2, max_match=4)
+    c.extend([1, 2, 3])
+    c.extend([5, 6, 7, 8, 9, 4])
+    assert len(c) == 9  # within the 25% slack
+    c.extend([0, 0])  # 11 > 10: drop to 8
+    assert len(c) == 8
+    assert c.match([1, 2], 2).length == 0  # dropped
+    m = c.match([5, 6], 2)
+    assert (m.tokens, m.position) == ([7, 8], 5)
+    assert c.match([3, 5], 1).length == 0  # window starts in dropped data
+
+
+def test_no_match_and_edge_inputs():
+    c = Corpus()
+    assert c.match([1, 2, 3], 4) == Match(0, [], 0, 0, 0, -1)
+    c.extend([1, 2, 3, 4])
+    assert c.match([], 4).length == 0
+    assert c.match([2], 4).length == 0  # shorter than min_match
+    assert c.match([-5, 1, 2], 4).length == 2  # negative ids never match
+    assert c.match([1, 2], 0) == Match(2, [], 1, 1, 0, 2)
+    assert c.match(np.array([2, 3], dtype=np.int32), 9).tokens == [4]
+    with pytest.raises(ValueError):
+        c.extend([1, -1])
+    with pytest.raises(ValueError):
+        c.extend([2**31])
+
+
+def test_nbytes_and_len():
+    c = Corpus(tail_max=64)
+    rng = np.random.default_rng(0)
+    c.extend(rng.integers(0, 100, 10_000))
+    c.match([1, 2], 4)
+    assert len(c) == 10_000
+    assert 4 * 10_000 < c.nbytes < 100 * 10_000
+
+
+def test_default_levels():
+    assert default_levels(2, 64) == (2, 3, 4, 8, 64)
+    assert default_levels(1, 4) == (1, 2, 3, 4)
+    assert default_levels(3, 3) == (3,)
+    with pytest.raises(ValueError):
+        Corpus(min_match=2, max_match=8, levels=(3, 8))
+
+
+def test_module_threshold_is_read_at_construction(monkeypatch):
+    monkeypatch.setattr(match_mod, "TAIL_MAX", 3)
+    assert Corpus().tail_max == 3

@@ -1,0 +1,184 @@
+import json
+import math
+
+import pytest
+
+from agentspec.allocator import CostAware, agentspec_lengths, redundancy
+from agentspec.controller import Controller, KmaxError, KmaxTable, load_kmax
+from agentspec.drafter import FILE, PROMPT, TOOL, Request
+from agentspec.policy import Policy, PolicyConfig, emission_forms, ladder
+from agentspec.tokens import CHATML, ChatTokenizer
+from conftest import tiny_tokenizer
+
+
+# --- controller -------------------------------------------------------------------------
+def test_controller_length_and_update():
+    c = Controller(lam=0.05, kmax={"code": 20})
+    assert c.length("code", 0) == 0
+    assert c.length("code", 7) == 7 and c.length("code", 100) == 20
+    assert c.length("review", 100) == 32  # unknown role: default cap
+    c.update("code", drafted=5, accepted=5)
+    assert c.alpha["code"] == pytest.approx(1.475)
+    c.update("code", drafted=5, accepted=2)
+    assert c.alpha["code"] == pytest.approx(1.45)
+    c.update("code", drafted=20, accepted=20)  # cut by the cap: no update
+    assert c.alpha["code"] == pytest.approx(1.45)
+    for _ in range(100):
+        c.update("code", drafted=3, accepted=3)
+    assert c.alpha["code"] == 12.0
+    for _ in range(1000):
+        c.update("code", drafted=3, accepted=0)
+    assert c.alpha["code"] == 0.05
+    assert c.length("code", 3) == 1  # clip at 1
+
+
+def test_kmax_from_runs_matches_the_article_example():
+    # Pr(R >= 11) = 0.12, Pr(R >= 12) = 0.09 at lambda 0.1 -> Kmax 11
+    runs = [0] * 79 + [11] * 3 + [20] * 9 + [30] * 9
+    t = KmaxTable.from_runs(0.1, {"code": runs}, max_k=64)
+    assert t.survival["code"][10] == pytest.approx(0.21) and t.kmax["code"] == 20
+    runs = [0] * 88 + [11] * 3 + [12] * 9
+    t = KmaxTable.from_runs(0.1, {"code": runs}, max_k=64)
+    assert t.survival["code"][10] == pytest.approx(0.12)
+    assert t.survival["code"][11] == pytest.approx(0.09)
+    assert t.kmax["code"] == 11
+    assert KmaxTable.from_runs(0.5, {"x": [0, 0, 1]}, 8).kmax["x"] == 1
+
+
+def test_kmax_file_round_trip_and_errors(tmp_path):
+    t = KmaxTable.from_runs(0.2, {"code": [1, 2, 3, 40], "review": [0, 1]}, 8)
+    t.save(tmp_path / "k.json")
+    again = load_kmax(tmp_path / "k.json")
+    assert again.kmax == t.kmax and again.survival == t.survival and again.lam == 0.2
+    (tmp_path / "bad.json").write_text("{broken")
+    with pytest.raises(KmaxError, match="bad.json"):
+        load_kmax(tmp_path / "bad.json")
+    (tmp_path / "wrong.json").write_text(json.dumps({"format": "x"}))
+    with pytest.raises(KmaxError, match="format"):
+        load_kmax(tmp_path / "wrong.json")
+    with pytest.raises(KmaxError, match="no such"):
+        load_kmax(tmp_path / "missing.json")
+
+
+# --- allocators -------------------------------------------------------------------------
+def test_redundancy_and_algorithm2():
+    assert redundancy(0, 0, 0.3) == 0.0
+    assert redundancy(1, 1, 0.3) == pytest.approx(0.3)  # p(1) = g_min
+    assert redundancy(3, 4, 0.3) == pytest.approx(0.75 * (0.3 + 0.7 * (1 - math.exp(-3))))
+    # budget floor(32 / 2) = 16 split by g; each gets at least |CT*|
+    lengths = agentspec_lengths([(4, 4, 2), (4, 1, 9)], alpha=32, g_min=0.3)
+    g1, g2 = redundancy(4, 4, 0.3), redundancy(1, 4, 0.3)
+    assert lengths == [max(2, int(16 * g1 / (g1 + g2))), max(9, int(16 * g2 / (g1 + g2)))]
+    assert agentspec_lengths([None, (1, 1, 3)], alpha=32, g_min=0.3) == [0, 16]
+
+
+def test_cost_aware_learns_acceptance():
+    model = CostAware(max_k=16)
+    before = model.length("code", 8, cap=16, threshold=0.5)
+    for _ in range(300):
+        model.observe("code", 8, drafted=16, accepted=16)
+    assert model.length("code", 8, cap=16, threshold=0.5) == 16 > before
+    for _ in range(300):
+        model.observe("review", 8, drafted=8, accepted=0)
+    assert model.length("review", 8, cap=16, threshold=0.2) == 0
+    assert model.length("code", 0, cap=16, threshold=0.0) == 0
+    # a higher lambda never drafts more
+    assert model.length("code", 3, 16, 0.9) <= model.length("code", 3, 16, 0.1)
+
+
+# --- corpora ----------------------------------------------------------------------------
+def request(rid, session, tokens, role="code", output=()):
+    return Request(id=rid, session=session, tokens=list(tokens) + list(output),
+                   num_prompt=len(tokens), role=role)
+
+
+def test_session_corpus_drafts_from_earlier_prompts_and_outputs():
+    p = Policy(PolicyConfig("session", fixed_k=4))
+    p.register("A", PROMPT, [1, 2, 3, 4, 5, 6, 7, 8])
+    r = request("r1", "A", [9, 1, 2, 3])
+    p.start(r)
+    assert p.propose([r]) == [[4, 5, 6, 7]]
+    r.tokens += [4, 5]
+    p.observe(r, 4, 2)
+    p.finish(r)
+    # another session never sees A's text
+    other = request("r2", "B", [1, 2, 3])
+    p.start(other)
+    assert p.propose([other]) == [[]]
+    # A's finished output is in A's S for the next call
+    p.register("A", TOOL, [50, 51])
+    nxt = request("r3", "A", [60, 9, 1, 2])
+    p.start(nxt)
+    assert p.propose([nxt])[0][:2] == [3, 4]
+
+
+def test_global_needs_a_match_longer_by_more_than_delta():
+    cfg = PolicyConfig("global", global_=True, fixed_k=3, delta=5)
+    seed = [[10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23]]
+    p = Policy(cfg, global_seed=seed)
+    p.register("A", PROMPT, [16, 17, 90, 91, 92])  # S matches 2 tokens
+    short = request("r1", "A", [15, 16, 17])  # G matches 3 = 2 + 1: S wins
+    p.start(short)
+    assert p.propose([short]) == [[90, 91, 92]]
+    long = request("r2", "A", [10, 11, 12, 13, 14, 15, 16, 17])  # G: 8 > 2 + 5
+    p.start(long)
+    assert p.propose([long]) == [[18, 19, 20]]
+
+
+def test_workspace_and_emission_forms():
+    tok = ChatTokenizer(tiny_tokenizer(), CHATML)
+    text = "def add(a, b):\n    return a - b\n"
+    assert emission_forms(text) == (" def add(a, b):\n     return a - b\n",
+                                    "-def add(a, b):\n-    return a - b\n")
+    ctx = tok.encode("--- a/src/calc.py\n+++ b/src/calc.py\n@@ -1,2 +1,2 @@\n def add(a, b):\n-")
+    target = tok.encode("    return a - b\n")
+
+    def draft(cfg):
+        p = Policy(cfg, encode=tok.encode, decode=tok.decode)
+        p.register("A", FILE, tok.encode(text), "src/calc.py")
+        r = request("r", "A", [0] + ctx)
+        p.start(r)
+        return p.propose([r])[0]
+
+    raw = draft(PolicyConfig("workspace", session=False, workspace=True, fixed_k=len(target)))
+    diff = draft(PolicyConfig("emission", session=False, workspace=True, emission=True,
+                              fixed_k=len(target)))
+    assert diff == target and raw != target
+
+
+def test_structure_isolation_drafts_only_from_the_same_block():
+    tok = ChatTokenizer(tiny_tokenizer(), CHATML)
+    from agentspec.structure import token_bytes
+
+    cfg = ladder()["agentspec-s"]
+    p = Policy(cfg, token_bytes=token_bytes(tok.tokenizer))
+    structure = (("```diff", "```"),)
+    first = tok.encode("Old: return a - b\n```diff\n return a + b\n```\n")
+    r = Request(id="r1", session="A", tokens=[0], num_prompt=1, structure=structure)
+    p.start(r)
+    r.tokens += first
+    p.finish(r)
+    # the same context drafts from the history of the block it is in
+    outside = tok.encode("Now: return a")
+    r2 = Request(id="r2", session="A", tokens=[0] + outside, num_prompt=1 + len(outside),
+                 structure=structure)
+    p.start(r2)
+    (d_out,) = p.propose([r2])
+    assert tok.decode(d_out).startswith(" - b\n")
+    inside = tok.encode("```diff\n return a")
+    r3 = Request(id="r3", session="A", tokens=[0], num_prompt=1, structure=structure)
+    p.start(r3)
+    r3.tokens += inside
+    (d_in,) = p.propose([r3])
+    assert tok.decode(d_in).startswith(" + b\n")
+
+
+def test_bad_structure_affects_only_that_request():
+    tok = ChatTokenizer(tiny_tokenizer(), CHATML)
+    from agentspec.structure import token_bytes
+
+    p = Policy(ladder()["full"], token_bytes=token_bytes(tok.tokenizer))
+    r = Request(id="bad", session="A", tokens=[1, 2], num_prompt=2, structure=(("", "x"),))
+    p.start(r)
+    assert p.propose([r]) == [[]]
+    assert "structure ignored" in p.warnings[0]
