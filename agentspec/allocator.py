@@ -4,9 +4,11 @@ Two allocators over the same per-request candidates:
 - `agentspec_lengths`: AgentSpec's Algorithm 2 as written (redundancy score g = c/n * p(n),
   budget floor(alpha / bz), L_i = max(|CT*_i|, B_t * g_i / sum g)).
 - `CostAware`: ours. It keeps, per role and match-length bucket, the online probability
-  that the k-th draft token is accepted, and gives a request its k-th token only while
-  that probability is at least lambda(b), the cost of verifying one more token at this
-  batch size in units of one plain decoding token (shared/spec/cost-profile.md).
+  p_k that the k-th draft token is accepted, and gives a request its k-th token only while
+  p_k >= lambda(b) * R. lambda(b) is the cost of verifying one more token at this batch size
+  in units of one plain decoding token (shared/spec/cost-profile.md); R is the running
+  speedup (tokens per unit of modeled cost). A draft token costs lambda(b) and yields p_k
+  tokens, each worth 1/R of cost at the current rate: it pays only if p_k / lambda(b) > R.
 """
 
 from __future__ import annotations
@@ -35,29 +37,40 @@ def agentspec_lengths(cands: Sequence[tuple[int, int, int] | None], alpha: float
             for c, gi in zip(cands, g)]
 
 
-def _bucket(m: int) -> int:
+def match_bucket(m: int) -> int:
     """Match-length buckets 1-2, 3-4, 5-8, 9-16, 17-32, 33+."""
     return min(5, max(0, (m - 1).bit_length() - 1))
 
 
 class CostAware:
-    """Online acceptance model: per (role, bucket) counts of 'position k verified' and
-    'position k accepted'; P(k-th token accepted) is the product of per-position hazards."""
+    """Online acceptance model: per (role, match-length bucket, copying) counts of 'position k
+    verified' and 'position k accepted'; P(k-th token accepted) is the product of
+    per-position hazards. `copying` marks a request whose output is still following the
+    continuation it last drafted from, a strong sign that the copy goes on."""
 
-    def __init__(self, max_k: int = 64, prior: dict[str, list[float]] | None = None,
-                 prior_weight: float = 4.0, window: float = 2000.0):
+    def __init__(self, max_k: int = 64, prior: dict[str, dict[int, list[float]]] | None = None,
+                 prior_weight: float = 16.0, window: float = 2000.0):
         self.max_k = max_k
         self.prior = prior or {}
         self.prior_weight = prior_weight
         self.window = window  # counts are halved past this many trials: follows drift
         self.trials: dict[tuple[str, int], np.ndarray] = {}
         self.hits: dict[tuple[str, int], np.ndarray] = {}
+        self.tokens = self.cost = 1.0  # decayed sums behind the running speedup R
 
-    def _counts(self, role: str, m: int) -> tuple[np.ndarray, np.ndarray]:
-        key = (role, _bucket(m))
+    def threshold(self, lam: float) -> float:
+        return lam * self.tokens / self.cost
+
+    def charge(self, lam: float, drafted: int, accepted: int, decay: float = 0.999) -> None:
+        """One verified row: it cost 1 + lam * drafted and produced accepted + 1 tokens."""
+        self.tokens = self.tokens * decay + accepted + 1
+        self.cost = self.cost * decay + 1 + lam * drafted
+
+    def _counts(self, role: str, m: int, copying: bool) -> tuple[np.ndarray, np.ndarray]:
+        key = (role, match_bucket(m), copying)
         if key not in self.trials:
             surv = np.ones(self.max_k)
-            given = self.prior.get(role)
+            given = self.prior.get(role, {}).get(key[1])
             if given:
                 surv[: min(len(given), self.max_k)] = given[: self.max_k]
                 surv[len(given):] = given[-1] if len(given) else 0.5
@@ -68,20 +81,22 @@ class CostAware:
             self.hits[key] = self.prior_weight * hazard.clip(0.0, 1.0)
         return self.trials[key], self.hits[key]
 
-    def accept_probs(self, role: str, m: int) -> np.ndarray:
-        trials, hits = self._counts(role, m)
+    def accept_probs(self, role: str, m: int, copying: bool = False) -> np.ndarray:
+        trials, hits = self._counts(role, m, copying)
         return np.cumprod(hits / trials)
 
-    def length(self, role: str, m: int, cap: int, threshold: float) -> int:
+    def length(self, role: str, m: int, cap: int, threshold: float,
+               copying: bool = False) -> int:
         if m <= 0 or cap <= 0:
             return 0
-        p = self.accept_probs(role, m)[: min(cap, self.max_k)]
+        p = self.accept_probs(role, m, copying)[: min(cap, self.max_k)]
         return int(np.count_nonzero(p >= threshold))
 
-    def observe(self, role: str, m: int, drafted: int, accepted: int) -> None:
+    def observe(self, role: str, m: int, drafted: int, accepted: int,
+                copying: bool = False) -> None:
         if drafted <= 0 or m <= 0:
             return
-        trials, hits = self._counts(role, m)
+        trials, hits = self._counts(role, m, copying)
         seen = min(accepted + 1, drafted, self.max_k)
         trials[:seen] += 1
         hits[: min(accepted, self.max_k)] += 1

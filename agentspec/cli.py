@@ -49,7 +49,8 @@ def bench(
     traces: List[Path] = typer.Option(..., "--traces", help="Trace files (agentspec.trace/1, "
                                       ".jsonl or .jsonl.gz); more files may follow the first."),
     backend: str = typer.Option("replay", help="Engine: [b]replay[/] (oracle verification of "
-                                "recorded outputs)."),
+                                "recorded outputs) or [b]mlx[/] (a real model generates every "
+                                "call with every method)."),
     sessions: Optional[int] = typer.Option(None, help="Sample this many sessions (default: all)."),
     seed: int = typer.Option(0, help="Seed of the session sample."),
     methods: str = typer.Option("plain,ngram,suffix", help="Comma-separated methods."),
@@ -74,6 +75,11 @@ def bench(
                                          "used for Kmax and the global corpus G."),
     split: bool = typer.Option(True, help="Split sessions by task: measure on one half, "
                                "profile Kmax and build G on the other."),
+    max_tokens: int = typer.Option(128, min=1, help="mlx: most tokens generated per call."),
+    max_prompt_tokens: Optional[int] = typer.Option(None, min=2, help="mlx: keep only the "
+                                                    "last N tokens of longer prompts."),
+    dtype: str = typer.Option("float32", help="mlx: weights as keep, float16 or float32 "
+                              "(Linux CPU: float32 is the fast one)."),
 ) -> None:
     """Replay recorded agent sessions with each drafting method and compare them.
 
@@ -104,10 +110,16 @@ def bench(
     if any(a.startswith("-") for a in extra):
         fail(f"unknown option {next(a for a in extra if a.startswith('-'))}")
     traces = list(traces) + [Path(a) for a in extra]
-    if backend != "replay":
-        fail(f"backend {backend!r} is not available; this build has: replay")
+    if backend not in ("replay", "mlx"):
+        fail(f"backend {backend!r} is not available; this build has: replay, mlx")
     try:
         names = parse_methods(methods)
+        if backend == "mlx":
+            from agentspec.backends.mlx import ensure_blas_or_reexec
+            from agentspec.backends.mlx_probe import default_profile
+
+            ensure_blas_or_reexec()
+            cost_profile = cost_profile or default_profile("mlx", model, dtype)
         profile = load_profile(cost_profile) if cost_profile else None
         pairs = parse_structure(structure) if structure else ()
         table = load_kmax(kmax) if kmax else None
@@ -133,12 +145,17 @@ def bench(
                            global_seed=[c.output for s in held_tok for c in s.calls])
         if table is None and held_tok and {"agspec", "full"} & set(names):
             with console.status(f"profiling Kmax on {len(held_tok)} held-out sessions"):
+                # G starts empty here: seeded with these very sessions it would leak them
                 table = profile_kmax(held_tok, setup.lam, ladder()["global"],
-                                     encode=tok.encode, decode=tok.decode,
-                                     global_seed=setup.global_seed)
+                                     encode=tok.encode, decode=tok.decode)
         setup.kmax = table
     except _user_errors() as e:
         fail(str(e))
+    if backend == "mlx":
+        _bench_mlx(tokenized, names, setup, model=model, dtype=dtype, max_tokens=max_tokens,
+                   max_prompt_tokens=max_prompt_tokens, traces=[str(t) for t in traces],
+                   json_out=json_out, plot_out=plot_out)
+        return
     total = sum(s.output_tokens for s in tokenized)
     with _progress() as bar:
         tasks = {}
@@ -159,6 +176,60 @@ def bench(
     if plot_out:
         plot(report, plot_out)
         console.print(f"wrote {plot_out}")
+
+
+def _bench_mlx(tokenized, names, setup, *, json_out, plot_out, **options) -> None:
+    from agentspec.backends.mlx import MLXError
+    from agentspec.backends.mlx_bench import measured_table, run_cli
+    from agentspec.bench import plot, write_json
+
+    try:
+        report = run_cli(tokenized, names, setup, console=console, **options).report
+    except (MLXError, *_user_errors()) as e:
+        fail(str(e))
+    out.print(report_table(report))
+    out.print(measured_table(report))
+    if json_out:
+        write_json(report, json_out)
+        console.print(f"wrote {json_out}")
+    if plot_out:
+        plot(report, plot_out)
+        console.print(f"wrote {plot_out}")
+
+
+@app.command("profile-lambda")
+def profile_lambda_cmd(
+    backend: str = typer.Option("mlx", help="Engine to profile: [b]mlx[/]."),
+    model: Optional[str] = typer.Option(None, help="Embedded name, local folder or hub id "
+                                        "(default: smollm2-135m)."),
+    batch: str = typer.Option("1,4,16", help="Comma-separated batch sizes."),
+    max_k: int = typer.Option(32, min=1, max=256, help="Longest draft: verify up to "
+                              "max-k + 1 tokens per row."),
+    context: int = typer.Option(1024, min=1, help="Tokens already cached per row."),
+    repeats: int = typer.Option(5, min=1, help="Timed passes per point (median)."),
+    dtype: str = typer.Option("float32", help="Weights as keep, float16 or float32."),
+    out_path: Optional[Path] = typer.Option(None, "--out", help="Write the profile here "
+                                            "(agentspec.cost/1); it is cached either way."),
+    plot_out: Optional[Path] = typer.Option(None, "--plot", help="Save a PNG of step time "
+                                            "against tokens per row."),
+) -> None:
+    """Measure lambda(b), the cost of verifying one more draft token, on this machine.
+
+    Times forward passes of b rows x (k+1) tokens (k+1 = 1, 2, 3, 5, 9, 17, 33, ...) on a
+    cache holding --context tokens per row; lambda(b) = slope / (t(b,1) / b).
+
+    [b]Example[/]: agentspec profile-lambda --backend mlx --batch 1,4 --out lambda.json --plot lambda.png
+    """
+    if backend != "mlx":
+        fail(f"backend {backend!r} cannot be profiled here; this build has: mlx")
+    from agentspec.backends.mlx import MLXError, ensure_blas_or_reexec
+    from agentspec.backends.mlx_probe import run_cli
+
+    ensure_blas_or_reexec()
+    try:
+        run_cli(model, dtype, batch, max_k, context, repeats, out_path, plot_out, console, out)
+    except (MLXError, *_user_errors()) as e:
+        fail(str(e))
 
 
 def report_table(report: dict) -> Table:

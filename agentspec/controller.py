@@ -60,26 +60,39 @@ class KmaxTable:
     survival: dict[str, list[float]]  # Pr(R >= k) for k = 1..len
     samples: dict[str, int]
     source: dict = field(default_factory=dict)
+    # Pr(R >= k) per role and match-length bucket (see allocator.match_bucket): the prior
+    # of the cost-aware allocator
+    by_match: dict[str, dict[int, list[float]]] = field(default_factory=dict)
 
     @classmethod
-    def from_runs(cls, lam: float, runs: dict[str, list[int]], max_k: int,
+    def from_runs(cls, lam: float, runs: dict[str, list[tuple[int, int]]], max_k: int,
                   source: dict | None = None) -> "KmaxTable":
-        """`runs[role]`: R of every step that had a retrieved continuation."""
+        """`runs[role]`: (match length m, R) of every step that had a retrieved continuation."""
         import numpy as np
 
-        kmax, survival, samples = {}, {}, {}
-        for role, rs in sorted(runs.items()):
-            r = np.asarray(rs)
-            surv = [float(np.mean(r >= k)) if len(r) else 0.0 for k in range(1, max_k + 1)]
-            ok = [k for k, p in enumerate(surv, 1) if p >= lam]
+        from agentspec.allocator import match_bucket
+
+        def surv(r: np.ndarray) -> list[float]:
+            return [round(float(np.mean(r >= k)), 5) for k in range(1, max_k + 1)]
+
+        kmax, survival, samples, by_match = {}, {}, {}, {}
+        for role, pairs in sorted(runs.items()):
+            arr = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
+            r = arr[:, 1]
+            survival[role] = surv(r) if len(r) else [0.0] * max_k
+            ok = [k for k, p in enumerate(survival[role], 1) if p >= lam]
             kmax[role] = max(ok) if ok else 1
-            survival[role] = [round(p, 5) for p in surv]
             samples[role] = len(r)
-        return cls(lam, kmax, survival, samples, source or {})
+            buckets = np.array([match_bucket(int(m)) for m in arr[:, 0]], dtype=np.int64)
+            by_match[role] = {int(b): surv(r[buckets == b]) for b in np.unique(buckets)}
+        return cls(lam, kmax, survival, samples, source or {}, by_match)
 
     def to_json(self) -> dict:
         return {"format": KMAX_FORMAT, "lambda": self.lam, "kmax": self.kmax,
-                "survival": self.survival, "samples": self.samples, **self.source}
+                "survival": self.survival, "samples": self.samples,
+                "survival_by_match_bucket": {r: {str(b): v for b, v in d.items()}
+                                             for r, d in self.by_match.items()},
+                **self.source}
 
     def save(self, path: str | Path) -> None:
         path = Path(path)
@@ -92,10 +105,12 @@ def load_kmax(path: str | Path) -> KmaxTable:
     try:
         kmax = {str(r): int(k) for r, k in obj["kmax"].items()}
         survival = {str(r): [float(p) for p in v] for r, v in obj.get("survival", {}).items()}
+        by_match = {str(r): {int(b): [float(p) for p in v] for b, v in d.items()}
+                    for r, d in obj.get("survival_by_match_bucket", {}).items()}
+        samples = {str(r): int(n) for r, n in obj.get("samples", {}).items()}
         lam = float(obj["lambda"])
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise KmaxError(f"{path}: bad Kmax table ({e})") from None
     if any(k < 1 for k in kmax.values()):
         raise KmaxError(f"{path}: every Kmax must be >= 1")
-    return KmaxTable(lam, kmax, survival, {str(r): int(n) for r, n in
-                                           obj.get("samples", {}).items()})
+    return KmaxTable(lam, kmax, survival, samples, by_match=by_match)

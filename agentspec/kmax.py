@@ -18,11 +18,11 @@ class _Recorder(Policy):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.runs: dict[str, list[int]] = defaultdict(list)
+        self.runs: dict[str, list[tuple[int, int]]] = defaultdict(list)
 
     def observe(self, request, drafted, accepted):
         if drafted:
-            self.runs[request.role].append(accepted)
+            self.runs[request.role].append((self.running[request.id].match.length, accepted))
 
 
 def profile_kmax(sessions: Sequence[TokenizedSession], lam: float, config: PolicyConfig,

@@ -14,34 +14,47 @@ came after it?  `Corpus.match` applies this exact rule:
   one in the winning group.  `agree` is the group's size, `agreed` the length of the
   common prefix (<= k) of its members' continuations.
 
-Design (pure numpy; no per-token Python work):
+Design (numpy, optionally numba; no per-token Python work):
 
-* Tokens live in one int32 buffer that starts with `max_match` boundary sentinels (-1), so
-  every window of up to max_match tokens before a position is a plain slice; boundaries
-  (`end_document`) are the same sentinel, which never equals a token id (ids are >= 0).
+* Tokens live in one int32 buffer that starts with `max_match` boundary sentinels (-1) and
+  keeps as many spare sentinel slots past its end, so every window around a position is a
+  row of a strided view; boundaries (`end_document`) are the same sentinel, which never
+  equals a token id (ids are >= 0).
 * An entry is a position e whose token exists and is real (the continuation start).  For
   each *level* q (default 2, 3, 4, 8, 64 for min_match=2, max_match=64) every entry whose
-  q tokens before it are real gets a 32-bit key: a polynomial hash mod 2**64 of those q
-  tokens, mixed down to 32 bits.  Hash equality is only a hint: every occurrence used in
-  an answer is compared against the real tokens first.
+  q tokens before it are real gets a 32-bit key: the high half of sum_i t[e-1-i]*B**(i+1)
+  mod 2**64 (for a chunk of tokens by doubling, for a few by one small matrix product).
+  Hash equality is only a hint: every occurrence used in an answer is compared against the
+  real tokens first.
 * The index of each level is an LSM: sorted runs of (key, position) pairs, ordered by key
   then position (so all occurrences of a q-gram are one slice, oldest first), plus a small
-  unsorted tail of the newest entries scanned with one vectorized compare.  When the tail
-  passes `tail_max` tokens it is sorted into a run; a run is merged into the previous one
-  while that one is at most MERGE_FACTOR times larger (a linear merge: newer positions are
-  always larger, so no re-sort).  Runs of at least DIR_MIN entries store keys as a 2**16
-  directory plus 16-bit low halves: 2 bytes per key instead of 4.
+  unsorted tail of the newest entries scanned with one vectorized compare (behind a 2**16
+  bit "may hold" map once it is large).  When the tail passes `tail_max` tokens it is
+  sorted into a run (windows crossing a boundary are dropped then; in the tail the token
+  check rejects them); a run is merged into the previous one while that one is at most
+  MERGE_FACTOR times larger (a linear merge: newer positions are always larger, so no
+  re-sort).  Runs of at least DIR_MIN entries store keys as a 2**16 directory plus 16-bit
+  low halves: 2 bytes per key instead of 4.
 * Lookup goes down the levels from the longest that fits the context.  The first level
   with a verified occurrence bounds the answer: m >= q there and m < the next level's q
   (which had none).  If the two are adjacent the answer is q and only the most recent
-  occurrences are read; otherwise every occurrence of the level is extended backwards
-  (token by token while many survive, then as 2-D row compares) to find the true maximum.
-  Levels 2, 3, 4 are adjacent because short suffixes of code have huge occurrence lists.
+  occurrences are read (and verified); otherwise the level's occurrences are scanned newest
+  first: exact lengths (2-D row compares) for a chunk, then older ones are kept only if
+  they match the context one token beyond the best length so far (one gather), so the
+  true maximum costs about one gather per occurrence.  Levels 2, 3, 4 are adjacent
+  because short suffixes of code have huge occurrence lists.
+* The vote reads each candidate's row once (q tokens back for the check, up to k ahead)
+  and groups the next 3 tokens packed into one exact int64.
 * Tokens are indexed lazily (in `flush`, called by `match` and by `extend` when enough are
   pending), so one-token appends stay cheap.
 * max_tokens: when the tokens held pass max_tokens by a quarter, the oldest are dropped so
   that max_tokens remain; entries whose window reached into the dropped part are removed
   (a linear filter of every run, no re-sort).
+
+* Optional numba kernels (agentspec/_match_nb.py, used when numba imports and
+  AGENTSPEC_NO_NUMBA is not 1) do a whole lookup (every level and the vote) and the
+  indexing of new tokens as compiled loops over the same structures: same answers, without
+  the ~50 small numpy calls a lookup makes here.  The numpy code is their reference.
 
 Positions (`Match.position`) count real tokens (not boundaries) since the corpus was
 created, dropped ones included, so they stay valid across evictions.
@@ -50,6 +63,7 @@ created, dropped ones included, so they stay valid across evictions.
 from __future__ import annotations
 
 import bisect
+import os
 from collections import Counter
 from dataclasses import dataclass
 from typing import Sequence
@@ -62,16 +76,31 @@ MERGE_FACTOR = 4  # merge a run into the previous one while that one is <= this 
 DIR_MIN = 1 << 18  # runs with this many entries (or more) keep keys as directory + low 16 bits
 CHUNK = 1 << 18  # tokens indexed per vectorized pass (bounds transient memory)
 FLUSH_MIN = 2048  # extend indexes pending tokens once this many wait
-SCAN_STEP_MIN = 256  # while more candidates survive, extend them one token at a time
+SCAN_CHUNK = 256  # candidates whose exact length is computed at once while scanning
 
 BOUNDARY = -1
 _NEVER = -2  # what context ids that cannot be corpus tokens become
 _INT32_MAX = 2**31 - 1
 _M64 = (1 << 64) - 1
+_M32 = (1 << 32) - 1
+_KEY_MASK = _M32  # keys keep these bits (tests narrow it to make every bucket collide)
 _PACK_LIMIT = (1 << 21) - 1  # ids below this: the vote packs 3 tokens (>= -1) into one int64
 _SEEN_MASK = (1 << 16) - 1
+_SEEN_FROM = 1024  # tail entries from which a tail gets its may-hold bitmaps
+_TAIL_START = 256  # initial tail capacity
+_NO_SEEN = np.zeros((0, 0), dtype=bool)  # the kernels' "no may-hold map yet"
 _PACK = np.array([1 << 42, 1 << 21, 1], dtype=np.int64)
 _BASE = 0x9E3779B97F4A7C15  # odd: multiplication by it is a bijection mod 2**64
+
+# numba kernels for the hot paths (agentspec/_match_nb.py) when numba imports, decided once
+# here; AGENTSPEC_NO_NUMBA=1 keeps the numpy code, which is their reference.  A Corpus uses
+# what this was when it was made.
+_nb = None
+if os.environ.get("AGENTSPEC_NO_NUMBA", "") != "1":
+    try:
+        from agentspec import _match_nb as _nb
+    except Exception:  # not installed, or unusable here (say, no cache dir): numpy it is
+        _nb = None
 
 
 @dataclass
@@ -98,8 +127,9 @@ def _powers(n: int) -> np.ndarray:
 
 def _key(h: np.ndarray) -> np.ndarray:
     """Hashes sum_i t[-1-i] * B**(i+1) mod 2**64 -> 32-bit keys (multiplicative hashing: the
-    high half mixes every token in)."""
-    return (h >> np.uint64(32)).astype(np.uint32)
+    high half mixes every token in).  The numba kernels compute the same."""
+    k = (h >> np.uint64(32)).astype(np.uint32)
+    return k if _KEY_MASK == _M32 else k & np.uint32(_KEY_MASK)
 
 
 def _window_hashes(s: np.ndarray, qs: Sequence[int], pw: np.ndarray) -> dict[int, np.ndarray]:
@@ -212,7 +242,14 @@ def default_levels(min_match: int, max_match: int) -> tuple[int, ...]:
 
 
 class Corpus:
-    """Append-only token corpus answering longest-suffix-match queries (see module doc)."""
+    """Append-only token corpus answering longest-suffix-match queries (see module doc).
+
+    max_tokens: keep at most this many tokens (the oldest go, in chunks of a quarter);
+    min_match / max_match: shortest and longest suffix matched; max_candidates: how many of
+    the most recent occurrences vote.  levels: the indexed lengths (default
+    `default_levels`); tail_max: tokens in the unsorted tail before it becomes a sorted run
+    (default TAIL_MAX; tiny values exercise runs and merges in tests).
+    """
 
     def __init__(self, max_tokens: int | None = None, min_match: int = 2, max_match: int = 64,
                  max_candidates: int = 64, *, levels: Sequence[int] | None = None,
@@ -240,22 +277,32 @@ class Corpus:
         for l, q in enumerate(levels):
             self._qmat[l, W - q :] = self._pw[1 : q + 1][::-1]
         # the buffer keeps >= W slots past the end, all BOUNDARY, so forward rows never clip
-        self._buf = np.full(2 * W + 4096, BOUNDARY, dtype=np.int32)
+        self._buf = np.full(2 * W + 256, BOUNDARY, dtype=np.int32)
         self._sw = self._windows()
         self._n = self._W  # buffer slots used
         self._indexed = self._W  # entries e < _indexed are in the tail or a run
         self._tail_start = self._W  # entries in [_tail_start, _indexed) are in the tail
         nl = len(levels)
-        self._tail_keys = [np.empty(self.tail_max, dtype=np.uint32) for _ in range(nl)]
-        self._tail_pos = [np.empty(self.tail_max, dtype=np.int32) for _ in range(nl)]
-        self._tail_len = [0] * nl
-        # _tail_seen[i][key & _SEEN_MASK]: may the tail hold this key? (skips most scans)
-        self._tail_seen = [np.zeros(_SEEN_MASK + 1, dtype=bool) for _ in range(nl)]
+        # tail buffers grow up to tail_max (many small corpora stay small)
+        cap = min(self.tail_max, _TAIL_START)
+        # the tail holds every entry with a real token, its keys for all levels side by side
+        # (windows that cross a boundary are only dropped when it becomes a run: until then
+        # the token check rejects them)
+        self._tail_keys = np.empty((nl, cap), dtype=np.uint32)
+        self._tail_pos = np.empty(cap, dtype=np.int32)
+        self._tail_len = 0
+        # once the tail is large: _tail_seen[i, key & _SEEN_MASK], may the tail hold this key?
+        self._tail_seen: np.ndarray | None = None
+        self._level_rows = np.arange(nl)[:, None]
         self._runs: list[_Run] = []
         self._bounds: list[int] = []  # buffer indices of boundaries, increasing
         self._held = 0  # real tokens held
         self._max_id = -1  # largest token id ever added
         self._dropped = 0  # real tokens evicted so far
+        self._nb = _nb
+        if _nb is not None:
+            self._levels_arr = np.array(levels, dtype=np.int64)
+            self._pack_runs()
 
     # ------------------------------------------------------------------ updates
 
@@ -266,22 +313,31 @@ class Corpus:
     def nbytes(self) -> int:
         """Bytes held by the token buffer, the runs and the tail."""
         return (self._buf.nbytes + sum(r.nbytes for r in self._runs)
-                + sum(a.nbytes for a in self._tail_keys) + sum(a.nbytes for a in self._tail_pos)
-                + sum(a.nbytes for a in self._tail_seen)
+                + self._tail_keys.nbytes + self._tail_pos.nbytes
+                + (self._tail_seen.nbytes if self._tail_seen is not None else 0)
                 + 8 * len(self._bounds))
 
     def extend(self, tokens) -> None:
         """Append tokens (ids >= 0, < 2**31)."""
-        t = np.asarray(tokens)
-        if t.size == 0:
-            return
-        if t.ndim != 1 or t.dtype.kind not in "iu":
-            raise ValueError("tokens must be a 1-D sequence of integers")
-        lo, hi = int(t.min()), int(t.max())
+        if isinstance(tokens, (list, tuple)) and len(tokens) <= 32:  # decode-step sized
+            t = tokens
+            if not t:
+                return
+            lo, hi = min(t), max(t)
+            if not all(isinstance(x, (int, np.integer)) for x in t):
+                raise ValueError("tokens must be integers")
+        else:
+            t = np.asarray(tokens)
+            if t.size == 0:
+                return
+            if t.ndim != 1 or t.dtype.kind not in "iu":
+                raise ValueError("tokens must be a 1-D sequence of integers")
+            lo, hi = t.min(), t.max()
         if lo < 0 or hi > _INT32_MAX:
             raise ValueError("token ids must be in [0, 2**31)")
-        self._max_id = max(self._max_id, hi)
-        self._append(t.astype(np.int32, copy=False))
+        if hi > self._max_id:
+            self._max_id = int(hi)
+        self._append(t)
         self._held += len(t)
         mt = self.max_tokens
         if mt is not None and self._held > mt + mt // 4:
@@ -295,7 +351,7 @@ class Corpus:
             self._bounds.append(self._n)
             self._append(np.array([BOUNDARY], dtype=np.int32))
 
-    def _append(self, t: np.ndarray) -> None:
+    def _append(self, t) -> None:
         end = self._n + len(t)
         if end + self._W > len(self._buf):
             if end + self._W > _INT32_MAX:
@@ -327,45 +383,70 @@ class Corpus:
         while self._indexed < self._n:
             a = self._indexed
             b = min(self._n, a + CHUNK)
-            keys, pos = self._entries(a, b)
-            nl = len(self.levels)
+            e, keys = self._entries(a, b)
+            t0 = self._tail_len
             if b - self._tail_start > self.tail_max:  # tail + these become a run
-                keys = [np.concatenate((self._tail_keys[i][: self._tail_len[i]], keys[i]))
-                        for i in range(nl)]
-                pos = [np.concatenate((self._tail_pos[i][: self._tail_len[i]], pos[i]))
-                       for i in range(nl)]
-                self._push(_Run.build(keys, pos, self._tail_start, b, self._dir_min))
-                self._tail_len = [0] * nl
-                for seen in self._tail_seen:
-                    seen[:] = False
-                self._tail_start = b
-            else:
-                for i in range(nl):
-                    t0, t1 = self._tail_len[i], self._tail_len[i] + len(keys[i])
-                    self._tail_keys[i][t0:t1] = keys[i]
-                    self._tail_pos[i][t0:t1] = pos[i]
-                    self._tail_len[i] = t1
-                    self._tail_seen[i][keys[i] & _SEEN_MASK] = True
+                self._seal(np.concatenate((self._tail_pos[:t0], e)),
+                           np.concatenate((self._tail_keys[:, :t0], keys), axis=1), b)
+            elif len(e):
+                t1 = t0 + len(e)
+                if t1 > len(self._tail_pos):
+                    size = min(self.tail_max, max(t1, 2 * len(self._tail_pos)))
+                    grown = np.empty((len(self.levels), size), dtype=np.uint32)
+                    grown[:, :t0] = self._tail_keys[:, :t0]
+                    self._tail_keys = grown
+                    grown = np.empty(size, dtype=np.int32)
+                    grown[:t0] = self._tail_pos[:t0]
+                    self._tail_pos = grown
+                if self._nb is not None:  # (one call instead of three numpy ones)
+                    self._nb.to_tail(e, keys, self._tail_keys, self._tail_pos, t0,
+                                     _NO_SEEN if self._tail_seen is None else self._tail_seen)
+                else:
+                    self._tail_keys[:, t0:t1] = keys
+                    self._tail_pos[t0:t1] = e
+                    if self._tail_seen is not None:
+                        self._tail_seen[self._level_rows, keys & _SEEN_MASK] = True
+                self._tail_len = t1
+                if self._tail_seen is None and t1 >= _SEEN_FROM:
+                    self._tail_seen = np.zeros((len(self.levels), _SEEN_MASK + 1), dtype=bool)
+                    self._tail_seen[self._level_rows, self._tail_keys[:, :t1] & _SEEN_MASK] = True
             self._indexed = b
 
-    def _entries(self, a: int, b: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
-        """Keys and positions, per level, of the valid entries e in [a, b)."""
+    def _entries(self, a: int, b: int) -> tuple[np.ndarray, np.ndarray]:
+        """Positions e in [a, b) whose token is real, and their keys at every level (L, n)."""
+        if self._nb is not None:
+            return self._nb.entry_keys(self._buf, a, b, self._pw, self._levels_arr,
+                                       np.uint32(_KEY_MASK))
+        real = self._buf[a:b] >= 0
+        e = np.arange(a, b, dtype=np.int32)[real]
+        if b - a <= 32:  # few: one small matrix product
+            rows = self._sw[e - self._W].astype(np.uint64)
+            return e, _key(self._qmat @ rows.T)
         Q = self.max_match
-        s32 = self._buf[a - Q : b]  # a >= W = Q
-        neg = s32 < 0
-        cn = np.zeros(len(s32) + 1, dtype=np.int32)
-        np.cumsum(neg, out=cn[1:])
-        nb = b - a
-        real_next = ~neg[Q:]
-        hashes = _window_hashes(s32.astype(np.uint64), self.levels, self._pw)
-        e = np.arange(a, b, dtype=np.int32)
-        keys, pos = [], []
-        base = self._pw[1]
-        for q in self.levels:
-            ok = real_next & (cn[Q : Q + nb] == cn[Q - q : Q - q + nb])
-            keys.append(_key(hashes[q][Q - q : Q - q + nb][ok] * base))
-            pos.append(e[ok])
-        return keys, pos
+        hashes = _window_hashes(self._buf[a - Q : b].astype(np.uint64), self.levels, self._pw)
+        keys = np.stack([hashes[q][Q - q : Q - q + (b - a)] for q in self.levels])
+        return e, _key(keys[:, real] * self._pw[1])
+
+    def _seal(self, e: np.ndarray, keys: np.ndarray, end: int) -> None:
+        """Entries e (increasing, all before `end`) with keys (L, n) become a run; the tail
+        is emptied.  Windows that cross a boundary are left out here."""
+        start = self._tail_start
+        if len(e):
+            Q = self.max_match
+            lo = int(e[0]) - Q
+            neg = np.zeros(end - lo + 1, dtype=np.int32)
+            np.cumsum(self._buf[lo:end] < 0, out=neg[1:])
+            at = neg[e - lo]
+            ks, ps = [], []
+            for i, q in enumerate(self.levels):
+                ok = at == neg[e - lo - q]
+                ks.append(keys[i][ok])
+                ps.append(e[ok])
+            self._push(_Run.build(ks, ps, start, end, self._dir_min))
+        self._tail_len = 0
+        if self._tail_seen is not None:
+            self._tail_seen[:] = False
+        self._tail_start = end
 
     def _push(self, run: _Run) -> None:
         runs = self._runs
@@ -373,6 +454,20 @@ class Corpus:
         while len(runs) >= 2 and runs[-2].size <= MERGE_FACTOR * runs[-1].size:
             new = runs.pop()
             runs[-1] = _merge(runs[-1], new, self._dir_min)
+        if self._nb is not None:
+            self._pack_runs()
+
+    def _pack_runs(self) -> None:
+        """The runs as the kernels read them (typed lists: per level, per run, (plain keys,
+        directory, low halves, positions)); rebuilt whenever the runs change (rarely)."""
+        nb = self._nb
+        self._nb_runs = nb.new_runs(len(self.levels))
+        for run in self._runs:
+            for i, (k, pos) in enumerate(zip(run.keys, run.pos)):
+                if k.plain is not None:
+                    nb.add_run(self._nb_runs, i, k.plain, nb.NO_I32, nb.NO_U16, pos)
+                else:
+                    nb.add_run(self._nb_runs, i, nb.NO_U32, k.dir, k.lo, pos)
 
     def _evict(self, drop: int) -> None:
         """Drop the oldest `drop` real tokens (and whatever index entries saw them)."""
@@ -404,14 +499,14 @@ class Corpus:
                 ps.append(p[ok] - shift)
             runs.append(_Run(ks, ps, max(run.start, cut) - shift, run.end - shift))
         self._runs = runs
-        for i, q in enumerate(self.levels):
-            n = self._tail_len[i]
-            p = self._tail_pos[i][:n]
-            ok = p >= cut + q
-            m = int(ok.sum())
-            self._tail_keys[i][:m] = self._tail_keys[i][:n][ok]
-            self._tail_pos[i][:m] = p[ok] - shift
-            self._tail_len[i] = m
+        if self._nb is not None:
+            self._pack_runs()
+        n = self._tail_len
+        ok = self._tail_pos[:n] >= cut  # windows reaching past the cut fail the token check
+        m = int(ok.sum())
+        self._tail_keys[:, :m] = self._tail_keys[:, :n][:, ok]
+        self._tail_pos[:m] = self._tail_pos[:n][ok] - shift
+        self._tail_len = m
         self._tail_start = max(self._tail_start, cut) - shift
         self._indexed = max(self._indexed, cut) - shift
         self._bounds = [x - shift for x in bounds if x >= cut]
@@ -428,6 +523,16 @@ class Corpus:
         L = len(ctx)
         if L < self.min_match or self._held == 0:
             return _no_match()
+        if self._nb is not None:  # all of the below, and the vote, in one compiled call
+            m, chosen, n_cand, members, agreed, n = self._nb.lookup(
+                self._nb_runs, self._tail_keys, self._tail_pos, self._tail_len,
+                _NO_SEEN if self._tail_seen is None else self._tail_seen, self._buf, ctx,
+                self._pw, self._levels_arr, np.uint32(_KEY_MASK), self.max_candidates,
+                min(int(k), self._n))
+            if not m:
+                return _no_match()
+            return self._answer(m, chosen, self._buf[chosen : chosen + n], n_cand, members,
+                                agreed)
         levels = self.levels
         fwd = min(max(int(k), 3), self._W)  # continuation tokens read with each candidate
         # keys of the context's last q tokens (garbage for levels longer than L)
@@ -459,7 +564,7 @@ class Corpus:
             c = c.astype(np.int64)
             c[(c < 0) | (c > _INT32_MAX)] = _NEVER
             c = c.astype(np.int32)
-        if len(c) and c.min() < 0:
+        if self._nb is None and len(c) and c.min() < 0:  # (the kernel does this itself)
             c = np.where(c < 0, _NEVER, c).astype(np.int32)
         return c
 
@@ -469,28 +574,29 @@ class Corpus:
         v = int(v32)
         for run in self._runs:
             keys = run.keys[i]
-            if keys.plain is not None:
-                a = keys.plain
+            a = keys.plain
+            if a is not None:
                 lo = int(a.searchsorted(v32))
-                if lo == len(a) or a[lo] != v32:
+                if lo == len(a) or a.item(lo) != v:
                     continue
                 hi = int(a.searchsorted(v32, "right"))
             else:
-                s, e = keys.dir[v >> 16 : (v >> 16) + 2].tolist()
+                d, hb = keys.dir, v >> 16
+                s, e = d.item(hb), d.item(hb + 1)
                 if s == e:
                     continue
                 a = keys.lo[s:e]
                 low = v & 0xFFFF
                 lo = int(a.searchsorted(low))
-                if lo == e - s or a[lo] != low:
+                if lo == e - s or a.item(lo) != low:
                     continue
                 lo, hi = s + lo, s + int(a.searchsorted(low, "right"))
             parts.append(run.pos[i][lo:hi])
-        n = self._tail_len[i]
-        if n and self._tail_seen[i][v & _SEEN_MASK]:
-            hit = (self._tail_keys[i][:n] == v32).nonzero()[0]
+        n = self._tail_len
+        if n and (self._tail_seen is None or self._tail_seen[i, v & _SEEN_MASK]):
+            hit = (self._tail_keys[i, :n] == v32).nonzero()[0]
             if hit.size:
-                parts.append(self._tail_pos[i][hit])
+                parts.append(self._tail_pos[hit])
         return parts
 
     def _recent(self, parts: list[np.ndarray], q: int, ctx: np.ndarray, fwd: int):
@@ -530,30 +636,47 @@ class Corpus:
         return np.concatenate(got_e), np.concatenate(got_rows)
 
     def _scan(self, parts: list[np.ndarray], q: int, cap: int, ctx: np.ndarray, fwd: int):
-        """All occurrences at level q, extended up to cap: (m, _recent of the longest)."""
-        W, L, buf = self._W, len(ctx), self._buf
+        """All occurrences at level q, whose true length lies in [q, cap]: (m, _recent of the
+        longest).  Newest first, in chunks: once a length `best` is known, an older candidate
+        can only beat it if it matches the context `best + 1` tokens back, one gather each."""
+        buf, L = self._buf, len(ctx)
         P = np.concatenate(parts) if len(parts) > 1 else parts[0]
-        lcp = np.full(len(P), q, dtype=np.int32)  # assuming the q-window matches
-        alive = np.arange(len(P))
-        d = q
-        while d < cap and len(alive) > SCAN_STEP_MIN:
-            ok = buf[P[alive] - (d + 1)] == ctx[L - d - 1]
-            alive = alive[ok]
-            d += 1
-            lcp[alive] = d
-        if d < cap and len(alive):  # exact lengths (q-window included) for the survivors
-            eq = self._sw[P[alive] - W][:, W - cap :] == ctx[L - cap :]
-            run = np.logical_and.accumulate(eq[:, ::-1], axis=1).sum(axis=1)
-            lcp[alive] = np.where(run >= q, run, -1)
-        while True:
-            m = int(lcp.max())
-            if m < q:
+        if len(P) <= SCAN_CHUNK:  # one chunk: exact lengths of all, newest of the longest
+            lengths = self._lengths(P, q, cap, ctx)
+            best = int(lengths.max())
+            if best < q:
                 return 0, None
-            grp = np.flatnonzero(lcp == m)
-            found = self._recent([P[grp]], q, ctx, fwd)
-            if found is not None:
-                return m, found
-            lcp[grp] = -1  # all were hash collisions
+            found = P[lengths == best][-self.max_candidates :]
+            return best, self._recent([found], q, ctx, fwd)
+        best, rest = q - 1, P
+        while len(rest) and best < cap:
+            chunk, rest = rest[-SCAN_CHUNK:], rest[:-SCAN_CHUNK]
+            top = int(self._lengths(chunk, q, cap, ctx).max())
+            if top > best:
+                best = top
+                if len(rest) and best < cap:
+                    rest = rest[buf[rest - (best + 1)] == ctx[L - best - 1]]
+        if best < q:
+            return 0, None
+        # the newest max_candidates of length `best` (all of them end `best` tokens back)
+        cand = P if best == q else P[buf[P - best] == ctx[L - best]]
+        want, got, have = self.max_candidates, [], 0
+        end = len(cand)
+        while end > 0 and have < want:
+            start = max(0, end - max(want - have, SCAN_CHUNK))
+            e = cand[start:end]
+            e = e[self._lengths(e, q, cap, ctx) == best]
+            got.append(e[-(want - have):])
+            have += len(got[-1])
+            end = start
+        found = np.concatenate(got[::-1]) if len(got) > 1 else got[0]
+        return best, self._recent([found], q, ctx, fwd)
+
+    def _lengths(self, e: np.ndarray, q: int, cap: int, ctx: np.ndarray) -> np.ndarray:
+        """Exact match lengths (capped at cap) of candidates e; -1 where under q."""
+        eq = self._view(cap)[e - cap] == ctx[len(ctx) - cap :]
+        run = np.logical_and.accumulate(eq[:, ::-1], axis=1).sum(axis=1)
+        return np.where(run >= q, run, -1)
 
     def _vote(self, e: np.ndarray, rows: np.ndarray, q: int, m: int, k: int) -> Match:
         """e: candidates, most recent first; rows[j] = buf[e_j - q : e_j + fwd] (a copy)."""
@@ -594,5 +717,10 @@ class Corpus:
             eq = conts == tokens
             if not eq.all():
                 agreed = int(np.logical_and.accumulate(eq, axis=1).sum(axis=1).min())
+        return self._answer(m, chosen, tokens, n_cand, members, agreed)
+
+    def _answer(self, m: int, chosen: int, tokens: np.ndarray, n_cand: int, members: int,
+                agreed: int) -> Match:
+        """The Match for buffer index `chosen`, whose continuation is `tokens`."""
         position = self._dropped + chosen - self._W - bisect.bisect_left(self._bounds, chosen)
         return Match(m, tokens.tolist(), n_cand, members, agreed, position)

@@ -56,11 +56,14 @@ class _Session:
 
 @dataclass
 class _Running:
-    """Per-request state: output tokens already absorbed, PDA, last decision."""
+    """Per-request state: output tokens already absorbed, PDA, the copy being followed."""
 
     fed: int = 0
     tracker: BlockTracker | None = None
-    match_len: int = 0
+    # the last retrieval, advanced while the output keeps copying it
+    match: Match = field(default_factory=lambda: NO_MATCH)
+    lam: float = 0.0  # lambda(b) of the step being verified
+    copying: bool = False  # the match was followed from the previous step
 
 
 def emission_forms(text: str) -> tuple[str, str]:
@@ -81,7 +84,7 @@ class Policy:
         self.token_bytes = token_bytes
         self.lam_of = lam_of or (lambda b: config.lam)
         self.controller = Controller(lam=config.lam, kmax=dict(kmax.kmax) if kmax else {})
-        self.acceptance = CostAware(max_k=config.max_k, prior=kmax.survival if kmax else None)
+        self.acceptance = CostAware(max_k=config.max_k, prior=kmax.by_match if kmax else None)
         self.sessions: dict[str, _Session] = {}
         self.running: dict[str, _Running] = {}
         self.g = Corpus(max_tokens=config.g_max_tokens) if config.global_ else None
@@ -124,11 +127,11 @@ class Policy:
                 self.warnings.append(f"request {request.id}: structure ignored ({e})")
         self.running[request.id] = run
 
-    def _absorb(self, request: Request, run: _Running) -> None:
-        """Move newly generated output tokens into S and the block history."""
+    def _absorb(self, request: Request, run: _Running) -> list[int]:
+        """Move newly generated output tokens into S and the block history; returns them."""
         new = request.tokens[run.fed:]
         if not new:
-            return
+            return new
         run.fed = len(request.tokens)
         st = self.sessions[request.session]
         if self.config.session:
@@ -140,6 +143,7 @@ class Policy:
                 if i == len(new) or labels[i] != labels[start]:
                     self._block(st, request, labels[start]).extend(new[start:i])
                     start = i
+        return new
 
     def _block(self, st: _Session, request: Request, label: str | None) -> Corpus:
         key = (request.agent, request.query, label)
@@ -154,7 +158,8 @@ class Policy:
         if self.config.isolate:
             label = run.tracker.block if run.tracker else None
             key = (request.agent, request.query, label)
-            if key in st.blocks:
+            # outside every block, S already holds all of the block history: skip it
+            if key in st.blocks and (label is not None or self.config.isolate_only):
                 best = st.blocks[key].match(ctx, k)
             if self.config.isolate_only:
                 return best
@@ -170,13 +175,26 @@ class Policy:
                 best = m
         return best
 
+    def _follow(self, run: _Running, new: list[int]) -> Match | None:
+        """While the output keeps copying the last continuation, keep reading it: the
+        match grows by what was copied, and no lookup is needed."""
+        m, n = run.match, len(new)
+        if not m.length or len(m.tokens) <= n or m.tokens[:n] != new:
+            return None
+        return Match(length=m.length + n, tokens=m.tokens[n:], candidates=m.candidates,
+                     agree=m.agree, agreed=max(0, m.agreed - n), position=m.position + n)
+
     def propose(self, batch: Sequence[Request]) -> list[list[int]]:
         cfg = self.config
         matches = []
         for r in batch:
             run = self.running[r.id]
-            self._absorb(r, run)
-            matches.append(self._retrieve(r, run, cfg.max_k))
+            new = self._absorb(r, run)
+            followed = self._follow(run, new) if new else None
+            run.copying = followed is not None
+            m = followed or self._retrieve(r, run, cfg.max_k)
+            run.match = m
+            matches.append(m)
         if cfg.length == "fixed":
             lengths = [cfg.fixed_k if m.length else 0 for m in matches]
         elif cfg.length == "alpha":
@@ -186,19 +204,22 @@ class Policy:
                 [(m.candidates, m.agree, m.agreed) if m.length else None for m in matches],
                 cfg.alg2_alpha, cfg.g_min)
         else:
-            threshold = self.lam_of(len(batch))
-            lengths = [self.acceptance.length(r.role, m.length, self.controller.cap(r.role),
-                                              threshold) for r, m in zip(batch, matches)]
-        drafts = []
-        for r, m, k in zip(batch, matches, lengths):
-            self.running[r.id].match_len = m.length
-            drafts.append(m.tokens[:k])
-        return drafts
+            lam = self.lam_of(len(batch))
+            threshold = self.acceptance.threshold(lam)
+            lengths = []
+            for r, m in zip(batch, matches):
+                self.running[r.id].lam = lam
+                # no Kmax cap: the acceptance model conditions on match length, which
+                # separates long copies from short matches better than a per-role cap
+                lengths.append(self.acceptance.length(r.role, m.length, cfg.max_k, threshold,
+                                                      self.running[r.id].copying))
+        return [m.tokens[:k] for m, k in zip(matches, lengths)]
 
     def observe(self, request: Request, drafted: int, accepted: int) -> None:
         run = self.running[request.id]
         self.controller.update(request.role, drafted, accepted)
-        self.acceptance.observe(request.role, run.match_len, drafted, accepted)
+        self.acceptance.observe(request.role, run.match.length, drafted, accepted, run.copying)
+        self.acceptance.charge(run.lam, drafted, accepted)
 
     def finish(self, request: Request) -> None:
         run = self.running.pop(request.id)

@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -9,6 +15,34 @@ from hypothesis import strategies as st
 
 from agentspec import match as match_mod
 from agentspec.match import Corpus, Match, default_levels
+
+try:  # the numba kernels, tested even where AGENTSPEC_NO_NUMBA=1 turned them off
+    from agentspec import _match_nb
+except ImportError:
+    _match_nb = None
+
+# every reference test runs on both paths: a Corpus uses match._nb as it was when made
+ENGINES = [
+    pytest.param(None, id="numpy"),
+    pytest.param(_match_nb, id="numba",
+                 marks=pytest.mark.skipif(_match_nb is None, reason="numba not installed")),
+]
+
+
+@contextlib.contextmanager
+def using(nb):
+    saved, match_mod._nb = match_mod._nb, nb
+    try:
+        yield
+    finally:
+        match_mod._nb = saved
+
+
+@pytest.fixture(params=ENGINES)
+def engine(request, monkeypatch):
+    """For tests that make their corpora themselves: runs them on both paths."""
+    monkeypatch.setattr(match_mod, "_nb", request.param)
+    return request.param
 
 
 class Reference:
@@ -101,16 +135,18 @@ def configs(draw):
         min_match=min_match, max_match=max_match,
         max_candidates=draw(st.integers(1, 6)),
         levels=draw(st.sampled_from([None, levels])),
-        tail_max=draw(st.integers(1, 24)),
+        tail_max=draw(st.one_of(st.integers(1, 24), st.integers(65, 300))),  # (>64: blocks)
     )
 
 
 KNOBS = st.fixed_dictionaries({
-    # small values so that one-token scan steps, chunked indexing and merges all happen
-    "SCAN_STEP_MIN": st.sampled_from([0, 1, 3, 256]),
+    # small values so that chunked scans, chunked indexing and merges all happen
+    "SCAN_CHUNK": st.sampled_from([1, 2, 3, 256]),
     "CHUNK": st.sampled_from([1, 5, 1 << 18]),
     "FLUSH_MIN": st.sampled_from([1, 7, 2048]),
     "MERGE_FACTOR": st.sampled_from([1, 2, 4]),
+    "_SEEN_FROM": st.sampled_from([1, 5, 1024]),
+    "_TAIL_START": st.sampled_from([1, 2, 256]),
 })
 
 
@@ -155,33 +191,38 @@ SETTINGS = settings(max_examples=250, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow])
 
 
+@pytest.mark.parametrize("nb", ENGINES)
 @SETTINGS
 @given(configs(), _ops(3), KNOBS)
-def test_matches_reference_tiny_alphabet(cfg, ops, knobs):
-    run_ops(cfg, ops, knobs=knobs)
+def test_matches_reference_tiny_alphabet(nb, cfg, ops, knobs):
+    run_ops(cfg, ops, knobs=dict(knobs, _nb=nb))
 
 
+@pytest.mark.parametrize("nb", ENGINES)
 @SETTINGS
 @given(configs(), _ops(6), st.integers(0, 8), KNOBS)
-def test_matches_reference_compressed_runs(cfg, ops, k, knobs):
+def test_matches_reference_compressed_runs(nb, cfg, ops, k, knobs):
     # every run keeps its keys as directory + 16-bit halves
-    run_ops(cfg, ops, k=k, dir_min=0, knobs=knobs)
+    run_ops(cfg, ops, k=k, dir_min=0, knobs=dict(knobs, _nb=nb))
 
 
+@pytest.mark.parametrize("nb", ENGINES)
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(configs(), _ops(4), KNOBS, st.booleans(), st.sampled_from([1, 2, 4]))
-def test_hash_collisions_never_change_answers(cfg, ops, knobs, compressed, values):
+def test_hash_collisions_never_change_answers(nb, cfg, ops, knobs, compressed, values):
     # a hash with 1-4 values: every bucket is full of impostors that verification must drop
-    knobs = dict(knobs, _key=lambda h: (h % np.uint64(values)).astype(np.uint32))
+    knobs = dict(knobs, _nb=nb, _KEY_MASK=values - 1)
     run_ops(cfg, ops, dir_min=0 if compressed else None, knobs=knobs)
 
 
+@pytest.mark.parametrize("nb", ENGINES)
 @settings(max_examples=100, deadline=None)
 @given(st.lists(st.lists(st.sampled_from([0, 1, 259_999, 2**31 - 1]), max_size=30),
                 min_size=1, max_size=8),
        st.integers(1, 3))
-def test_large_token_ids(chunks, min_match):
-    corpus = Corpus(min_match=min_match, max_match=8, max_candidates=4, tail_max=7)
+def test_large_token_ids(nb, chunks, min_match):
+    with using(nb):
+        corpus = Corpus(min_match=min_match, max_match=8, max_candidates=4, tail_max=7)
     ref = Reference(min_match=min_match, max_match=8, max_candidates=4)
     for c in chunks:
         corpus.extend(c)
@@ -190,7 +231,7 @@ def test_large_token_ids(chunks, min_match):
             assert corpus.match(ctx, 4) == ref.match(ctx, 4)
 
 
-def test_long_random_stream_against_reference():
+def test_long_random_stream_against_reference(engine):
     """A longer stream (many runs and merges) with a default-shaped configuration."""
     rng = np.random.default_rng(7)
     corpus = Corpus(max_tokens=3000, min_match=2, max_match=24, max_candidates=8, tail_max=97)
@@ -215,7 +256,7 @@ def test_long_random_stream_against_reference():
 
 # ---------------------------------------------------------------- unit tests
 
-def test_majority_vote_beats_recency():
+def test_majority_vote_beats_recency(engine):
     c = Corpus(min_match=2, max_match=8)
     for cont in ([7, 8, 9], [7, 8, 9], [5, 5, 5]):  # most recent disagrees
         c.extend([1, 2] + cont)
@@ -225,7 +266,7 @@ def test_majority_vote_beats_recency():
     assert m.position == 7  # the later of the two agreeing occurrences
 
 
-def test_tie_goes_to_most_recent():
+def test_tie_goes_to_most_recent(engine):
     c = Corpus(min_match=2, max_match=8)
     for cont in ([7, 8, 9], [5, 5, 5], [7, 8, 9], [5, 5, 6]):
         c.extend([1, 2] + cont)
@@ -237,14 +278,14 @@ def test_tie_goes_to_most_recent():
     assert (m.tokens, m.agree, m.agreed, m.candidates) == ([5, 5, 6], 2, 3, 5)
 
 
-def test_agreed_is_common_prefix_within_group():
+def test_agreed_is_common_prefix_within_group(engine):
     c = Corpus(min_match=2, max_match=8)
     c.extend([1, 2, 3, 4, 5, 6, 0, 1, 2, 3, 4, 5, 9])
     m = c.match([1, 2], 10)
     assert m.tokens == [3, 4, 5, 9] and m.agree == 2 and m.agreed == 3
 
 
-def test_longest_match_wins_over_count_and_boundaries_stop():
+def test_longest_match_wins_over_count_and_boundaries_stop(engine):
     c = Corpus(min_match=2, max_match=8)
     c.extend([4, 1, 2, 3] * 5)
     c.extend([9, 1, 2, 7])
@@ -256,14 +297,14 @@ def test_longest_match_wins_over_count_and_boundaries_stop():
     assert c.match([8, 8], 2).length == 0  # nothing follows the last occurrence
 
 
-def test_max_candidates_keeps_most_recent():
+def test_max_candidates_keeps_most_recent(engine):
     c = Corpus(min_match=2, max_match=8, max_candidates=2)
     c.extend([1, 2, 5, 1, 2, 5, 1, 2, 6, 1, 2, 7])
     m = c.match([1, 2], 1)
     assert (m.candidates, m.agree, m.tokens, m.position) == (2, 1, [7], 11)
 
 
-def test_eviction_drops_oldest_and_positions_stay_global():
+def test_eviction_drops_oldest_and_positions_stay_global(engine):
     c = Corpus(max_tokens=8, min_match=2, max_match=4)
     c.extend([1, 2, 3])
     c.extend([5, 6, 7, 8, 9, 4])
@@ -276,7 +317,7 @@ def test_eviction_drops_oldest_and_positions_stay_global():
     assert c.match([3, 5], 1).length == 0  # window starts in dropped data
 
 
-def test_no_match_and_edge_inputs():
+def test_no_match_and_edge_inputs(engine):
     c = Corpus()
     assert c.match([1, 2, 3], 4) == Match(0, [], 0, 0, 0, -1)
     c.extend([1, 2, 3, 4])
@@ -291,7 +332,7 @@ def test_no_match_and_edge_inputs():
         c.extend([2**31])
 
 
-def test_nbytes_and_len():
+def test_nbytes_and_len(engine):
     c = Corpus(tail_max=64)
     rng = np.random.default_rng(0)
     c.extend(rng.integers(0, 100, 10_000))
@@ -311,3 +352,61 @@ def test_default_levels():
 def test_module_threshold_is_read_at_construction(monkeypatch):
     monkeypatch.setattr(match_mod, "TAIL_MAX", 3)
     assert Corpus().tail_max == 3
+
+
+@pytest.mark.parametrize("scan_chunk", [1, 3, 256])
+def test_scan_keeps_the_most_recent_of_the_longest(monkeypatch, engine, scan_chunk):
+    # levels (2, 16): every length from 3 to 15 is found by extending level-2 occurrences
+    monkeypatch.setattr(match_mod, "SCAN_CHUNK", scan_chunk)
+    c = Corpus(min_match=2, max_match=16, max_candidates=2, levels=(2, 16))
+    ref = Reference(min_match=2, max_match=16, max_candidates=2)
+    for j in range(6):
+        for x in (c, ref):
+            x.extend([9, 1, 2, 3, 4, 100 + j, 7, 1, 2, 3, 4, 50 + j])
+            x.end_document()
+    for ctx in ([9, 1, 2, 3, 4], [7, 1, 2, 3, 4], [5, 1, 2, 3, 4], [3, 4]):
+        assert c.match(ctx, 3) == ref.match(ctx, 3)
+    m = c.match([9, 1, 2, 3, 4], 3)
+    assert (m.length, m.tokens, m.candidates) == (5, [105, 7, 1], 2)
+
+
+@pytest.mark.skipif(_match_nb is None, reason="numba not installed")
+def test_kernels_build_the_same_index():
+    """The numba path indexes exactly like the numpy one (same keys, runs and tail)."""
+    rng = np.random.default_rng(3)
+    chunks = [rng.integers(0, 2**31 - 1 if j % 5 == 0 else 40, rng.integers(1, 3000))
+              for j in range(12)]
+    built = []
+    for nb in (None, _match_nb):
+        with using(nb):
+            c = Corpus(max_tokens=20_000, tail_max=1000)
+        c._dir_min = 3000
+        for j, chunk in enumerate(chunks):
+            c.extend(chunk)
+            if j % 4 == 3:
+                c.end_document()
+        c.flush()
+        built.append(c)
+    a, b = built
+    assert a.nbytes == b.nbytes and len(a._runs) == len(b._runs) >= 1
+    for ra, rb in zip(a._runs, b._runs):
+        for ka, kb, pa, pb in zip(ra.keys, rb.keys, ra.pos, rb.pos):
+            assert np.array_equal(ka.full(), kb.full()) and np.array_equal(pa, pb)
+    n = a._tail_len
+    assert np.array_equal(a._tail_keys[:, :n], b._tail_keys[:, :n])
+    assert np.array_equal(a._tail_pos[:n], b._tail_pos[:n])
+
+
+@pytest.mark.parametrize("how", ["no numba", "env"])
+def test_numpy_path_is_the_fallback(how):
+    """Without numba (or with AGENTSPEC_NO_NUMBA=1) the numpy path answers."""
+    code = ("import sys\n"
+            + ("sys.modules['numba'] = None\n" if how == "no numba" else "")
+            + "from agentspec import match\n"
+            "assert match._nb is None\n"
+            "c = match.Corpus()\n"
+            "c.extend([1, 2, 3, 1, 2])\n"
+            "assert c.match([1, 2], 2).tokens == [3, 1]\n")
+    env = dict(os.environ, AGENTSPEC_NO_NUMBA="1" if how == "env" else "")
+    subprocess.run([sys.executable, "-c", code], check=True, env=env,
+                   cwd=Path(__file__).resolve().parent.parent)

@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from agentspec.allocator import CostAware, agentspec_lengths, redundancy
+from agentspec.allocator import CostAware, agentspec_lengths, match_bucket, redundancy
 from agentspec.controller import Controller, KmaxError, KmaxTable, load_kmax
 from agentspec.drafter import FILE, PROMPT, TOOL, Request
 from agentspec.policy import Policy, PolicyConfig, emission_forms, ladder
@@ -32,24 +32,35 @@ def test_controller_length_and_update():
     assert c.length("code", 3) == 1  # clip at 1
 
 
+def runs(rs, m=8):
+    return [(m, r) for r in rs]
+
+
 def test_kmax_from_runs_matches_the_article_example():
     # Pr(R >= 11) = 0.12, Pr(R >= 12) = 0.09 at lambda 0.1 -> Kmax 11
-    runs = [0] * 79 + [11] * 3 + [20] * 9 + [30] * 9
-    t = KmaxTable.from_runs(0.1, {"code": runs}, max_k=64)
-    assert t.survival["code"][10] == pytest.approx(0.21) and t.kmax["code"] == 20
-    runs = [0] * 88 + [11] * 3 + [12] * 9
-    t = KmaxTable.from_runs(0.1, {"code": runs}, max_k=64)
+    t = KmaxTable.from_runs(0.1, {"code": runs([0] * 88 + [11] * 3 + [12] * 9)}, max_k=64)
     assert t.survival["code"][10] == pytest.approx(0.12)
     assert t.survival["code"][11] == pytest.approx(0.09)
     assert t.kmax["code"] == 11
-    assert KmaxTable.from_runs(0.5, {"x": [0, 0, 1]}, 8).kmax["x"] == 1
+    assert KmaxTable.from_runs(0.5, {"x": runs([0, 0, 1])}, 8).kmax["x"] == 1
+
+
+def test_kmax_survival_per_match_length():
+    t = KmaxTable.from_runs(0.2, {"code": runs([0, 0], m=2) + runs([30, 30], m=40)}, 32)
+    assert t.by_match["code"][match_bucket(2)][0] == 0.0
+    assert t.by_match["code"][match_bucket(40)][29] == 1.0
+    # the prior makes the allocator draft long copies long and short matches not at all
+    model = CostAware(max_k=32, prior=t.by_match)
+    assert model.length("code", 40, cap=32, threshold=0.3) == 30
+    assert model.length("code", 2, cap=32, threshold=0.3) == 0
 
 
 def test_kmax_file_round_trip_and_errors(tmp_path):
-    t = KmaxTable.from_runs(0.2, {"code": [1, 2, 3, 40], "review": [0, 1]}, 8)
+    t = KmaxTable.from_runs(0.2, {"code": runs([1, 2, 3, 40]), "review": runs([0, 1], 3)}, 8)
     t.save(tmp_path / "k.json")
     again = load_kmax(tmp_path / "k.json")
     assert again.kmax == t.kmax and again.survival == t.survival and again.lam == 0.2
+    assert again.by_match == t.by_match
     (tmp_path / "bad.json").write_text("{broken")
     with pytest.raises(KmaxError, match="bad.json"):
         load_kmax(tmp_path / "bad.json")
@@ -74,6 +85,9 @@ def test_redundancy_and_algorithm2():
 
 def test_cost_aware_learns_acceptance():
     model = CostAware(max_k=16)
+    assert model.threshold(0.2) == pytest.approx(0.2)  # no history: R = 1
+    model.charge(0.2, drafted=4, accepted=4)
+    assert model.threshold(0.2) > 0.2  # faster than plain: the bar rises with R
     before = model.length("code", 8, cap=16, threshold=0.5)
     for _ in range(300):
         model.observe("code", 8, drafted=16, accepted=16)

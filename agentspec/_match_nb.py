@@ -1,0 +1,230 @@
+"""numba kernels for the hot paths of `agentspec.match` (optional: the numpy code there is
+the reference and the fallback; both give identical answers).
+
+Why: a numpy `Corpus.match` is ~50 small numpy calls whose fixed cost (~1 us each), not
+their work, is the time.  Here a lookup is one compiled call with plain loops (hash the
+context, walk the levels, verify candidates newest first, vote), and indexing a few new
+tokens is another.  Kernels compile on first use and are cached on disk (cache=True), so
+only the first process after an install or an edit pays the compile time.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, types
+from numba.typed import List
+
+_NEVER = -2  # what a context id that cannot be a token becomes (as in match.py)
+BLOCK = 64  # candidates (or tail entries) looked at per pass
+
+# one sorted run of one level as the kernels read it: (plain keys, directory, low halves,
+# positions); a run keeps plain keys or directory + low halves, the other part is empty
+RUN = types.Tuple((types.uint32[::1], types.int32[::1], types.uint16[::1], types.int32[::1]))
+RUNS = types.ListType(RUN)
+NO_U32 = np.empty(0, dtype=np.uint32)
+NO_I32 = np.empty(0, dtype=np.int32)
+NO_U16 = np.empty(0, dtype=np.uint16)
+
+
+@njit(cache=True)
+def new_runs(levels):
+    """Per level, an empty typed list of runs (`RUN`)."""
+    runs = List.empty_list(RUNS)
+    for _ in range(levels):
+        runs.append(List.empty_list(RUN))
+    return runs
+
+
+@njit(cache=True)
+def add_run(runs, level, plain, dir_, lo, pos):
+    runs[level].append((plain, dir_, lo, pos))
+
+
+@njit(cache=True)
+def _key(s, end, q, pw, mask):
+    """match._key of sum_{i<q} s[end-1-i] * B**(i+1) mod 2**64 (the window is cut at the
+    start of s)."""
+    h = np.uint64(0)
+    for i in range(min(q, end)):
+        h += np.uint64(np.int64(s[end - 1 - i])) * pw[i + 1]  # -1 -> 2**64-1, as numpy casts
+    return np.uint32(h >> np.uint64(32)) & mask
+
+
+@njit(cache=True)
+def entry_keys(buf, a, b, pw, levels, mask):
+    """Corpus._entries: positions e in [a, b) whose token is real, their keys (L, n)."""
+    n = 0
+    for x in range(a, b):
+        n += buf[x] >= 0
+    e = np.empty(n, dtype=np.int32)
+    keys = np.empty((len(levels), n), dtype=np.uint32)
+    j = 0
+    for x in range(a, b):
+        if buf[x] >= 0:
+            e[j] = x
+            for i in range(len(levels)):
+                keys[i, j] = _key(buf, x, levels[i], pw, mask)
+            j += 1
+    return e, keys
+
+
+@njit(cache=True)
+def to_tail(e, keys, tail_keys, tail_pos, t0, seen):
+    """Corpus.flush: entries e with keys (L, n) go to the tail at t0 (and into its map)."""
+    for j in range(len(e)):
+        tail_pos[t0 + j] = e[j]
+        for i in range(keys.shape[0]):
+            tail_keys[i, t0 + j] = keys[i, j]
+            if seen.shape[0]:
+                seen[i, keys[i, j] & 0xFFFF] = True  # (match._SEEN_MASK)
+
+
+@njit(cache=True)
+def lookup(runs, tail_keys, tail_pos, tail_len, seen, buf, context, pw, levels, mask, want, k):
+    """Corpus.match once the context is int32 and long enough: (m, chosen, candidates,
+    agree, agreed, n), the continuation being buf[chosen : chosen + n]; m = 0: no match."""
+    ctx = np.where(context < 0, _NEVER, context).astype(np.int32)  # never a token or boundary
+    L = len(ctx)
+    top = 0
+    while top + 1 < len(levels) and levels[top + 1] <= L:
+        top += 1
+    out = np.empty(want, dtype=np.int32)
+    for i in range(top, -1, -1):
+        q = levels[i]
+        cap = levels[i + 1] - 1 if i < top else L
+        v = _key(ctx, L, q, pw, mask)
+        m, n = _find(runs[i], tail_keys, tail_pos, tail_len, seen, i, v, buf, ctx, q, cap,
+                     out)
+        if n:
+            chosen, members, agreed, cont = _vote(buf, out[:n], k)
+            return m, chosen, n, members, agreed, cont
+    return 0, 0, 0, 0, 0, 0
+
+
+@njit(cache=True)
+def _find(runs, tail_keys, tail_pos, tail_len, seen, i, v, buf, ctx, q, cap, out):
+    """Level i (length q), key v: the longest verified length m in [q, cap] of its
+    occurrences and, in out[:n], the most recent len(out) of that length, most recent first
+    (n = 0: none verifies).
+
+    Occurrences are visited newest first (the tail backwards, then the runs newest to
+    oldest, each slice backwards), so the first len(out) of the best length are the
+    answer; once the best is cap and out is full, older ones cannot change it.  This is
+    the numpy path's _occurrences + _recent / _scan."""
+    want, L = len(out), len(ctx)
+    best, n = q - 1, 0  # longest length so far (q-1: none yet); out[:n] have it
+    if tail_len and (seen.shape[0] == 0 or seen[i, v & 0xFFFF]):  # the unsorted tail
+        end = tail_len
+        while end > 0:  # in blocks, newest first: a block without v is one SIMD pass
+            start = max(0, end - BLOCK)
+            block, hits = tail_keys[i, start:end], 0
+            for j in range(len(block)):  # (this form vectorizes; range(start, end) does not)
+                hits += block[j] == v
+            for j in range(len(block) - 1 if hits else -1, -1, -1):
+                if block[j] == v:
+                    best, n = _consider(buf, tail_pos[start + j], ctx, q, cap, out, best, n)
+                    if best == cap and n == want:
+                        return best, n
+            end = start
+    ok = np.empty(BLOCK, dtype=np.bool_)
+    for r in range(len(runs) - 1, -1, -1):
+        plain, dir_, lo, pos = runs[r]
+        if len(dir_) == 0:
+            a = np.searchsorted(plain, v)
+            if a == len(plain) or plain[a] != v:
+                continue
+            b = np.searchsorted(plain, v, side="right")
+        else:  # directory on the high 16 bits, then the run's low halves
+            s, t = dir_[v >> 16], dir_[(v >> 16) + 1]
+            low = np.uint16(v & 0xFFFF)
+            a = s + np.searchsorted(lo[s:t], low)
+            if a == t or lo[a] != low:
+                continue
+            b = s + np.searchsorted(lo[s:t], low, side="right")
+        while b > a:  # in blocks, newest first
+            s = max(a, b - BLOCK)
+            # first the one token each candidate needs to match, as independent loads the
+            # CPU overlaps (a long slice of a big corpus is mostly cache misses); the length
+            # needed only rises, so this stays a valid filter for the whole block
+            t = _need(best, n, want, q)
+            for j in range(b - s):
+                ok[j] = buf[pos[s + j] - t] == ctx[L - t]
+            for j in range(b - s - 1, -1, -1):
+                if ok[j]:
+                    best, n = _consider(buf, pos[s + j], ctx, q, cap, out, best, n)
+                    if best == cap and n == want:
+                        return best, n
+            b = s
+    return best, n
+
+
+@njit(cache=True)
+def _need(best, n, want, q):
+    """The length a further (older) candidate needs to change (best, out[:n])."""
+    return best + 1 if n == want else max(best, q)
+
+
+@njit(cache=True)
+def _consider(buf, e, ctx, q, cap, out, best, n):
+    """Fold candidate e (older than every one before it) into (best, out[:n])."""
+    t = _need(best, n, len(out), q)
+    if buf[e - t] != ctx[len(ctx) - t]:  # one compare rules most out
+        return best, n
+    m = _length(buf, e, ctx, cap)
+    if m < t:  # too short to matter (or a hash collision, or across a boundary)
+        return best, n
+    if m > best:
+        out[0] = e
+        return m, 1
+    out[n] = e  # m == best and out is not full
+    return best, n + 1
+
+
+@njit(cache=True)
+def _length(buf, e, ctx, cap):
+    """Tokens before e that equal the context's last ones, up to cap."""
+    L, j = len(ctx), 0
+    while j < cap and buf[e - 1 - j] == ctx[L - 1 - j]:
+        j += 1
+    return j
+
+
+@njit(cache=True)
+def _vote(buf, e, k):
+    """Corpus._vote over candidates e (most recent first): (chosen position, size of its
+    group, agreed, continuation length)."""
+    nc = len(e)
+    # each candidate's next 3 tokens (the third counts only if the second is real), gathered
+    # once: the pairwise compares below then stay in cache
+    nxt = np.empty((nc, 3), dtype=np.int32)
+    for a in range(nc):
+        x = e[a]
+        nxt[a, 0], nxt[a, 1] = buf[x], buf[x + 1]
+        nxt[a, 2] = buf[x + 2] if buf[x + 1] >= 0 else -1
+    # group[b]: the most recent candidate with b's next 3 tokens (pairwise compares are
+    # cheap for max_candidates-sized lists)
+    group = np.full(nc, -1, dtype=np.int64)
+    best, best_size = 0, 0
+    for a in range(nc):
+        if group[a] >= 0:
+            continue
+        size = 0
+        for b in range(a, nc):
+            if group[b] < 0 and nxt[b, 0] == nxt[a, 0] and nxt[b, 1] == nxt[a, 1] and \
+                    nxt[b, 2] == nxt[a, 2]:
+                group[b] = a
+                size += 1
+        if size > best_size:  # strictly larger: a tie stays with the more recent group
+            best, best_size = a, size
+    chosen = e[best]
+    n = 0
+    while n < k and chosen + n < len(buf) and buf[chosen + n] >= 0:
+        n += 1
+    agreed = n
+    for b in range(best + 1, nc):
+        if group[b] == best:
+            y, j = e[b], 0
+            while j < agreed and y + j < len(buf) and buf[y + j] == buf[chosen + j]:
+                j += 1
+            agreed = j
+    return chosen, best_size, agreed, n

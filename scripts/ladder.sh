@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# The method ladder on both recorded trace files, at batch 1 (lambda 0.2) and batch 16
+# (lambda 0.5): the figures of the drafting-core issue. Reports land in results/ladder/.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+TRACES=${TRACES:-../shared/traces}
+SESSIONS=${SESSIONS:-40}
+STRUCTURE='[["```", "```"], ["<original>", "</original>"], ["<patched>", "</patched>"]]'
+METHODS=plain,ngram,suffix,session,workspace,emission,global,fixed32,agspec,agentspec-s,agentspec,full
+mkdir -p results/ladder
+for trace in acr-run-1 sweagent-gpt4-run-1; do
+  for spec in "1 0.2" "16 0.5"; do
+    set -- $spec
+    out=results/ladder/$trace-b$1
+    .venv/bin/agentspec bench --backend replay --traces "$TRACES/$trace.jsonl.gz" \
+      --sessions "$SESSIONS" --batch "$1" --lambda "$2" --methods "$METHODS" \
+      --structure "$STRUCTURE" --json "$out.json" --plot "$out.png" | tee "$out.txt"
+  done
+done
