@@ -43,10 +43,9 @@ def match_bucket(m: int) -> int:
 
 
 class CostAware:
-    """Online acceptance model: per (role, match-length bucket, copying) counts of 'position k
-    verified' and 'position k accepted'; P(k-th token accepted) is the product of
-    per-position hazards. `copying` marks a request whose output is still following the
-    continuation it last drafted from, a strong sign that the copy goes on."""
+    """Online acceptance model: per (role, match-length bucket, source corpus) counts of
+    'position k verified' and 'position k accepted'; P(k-th token accepted) is the product
+    of per-position hazards."""
 
     def __init__(self, max_k: int = 64, prior: dict[str, dict[int, list[float]]] | None = None,
                  prior_weight: float = 16.0, window: float = 2000.0):
@@ -66,8 +65,8 @@ class CostAware:
         self.tokens = self.tokens * decay + accepted + 1
         self.cost = self.cost * decay + 1 + lam * drafted
 
-    def _counts(self, role: str, m: int, copying: bool) -> tuple[np.ndarray, np.ndarray]:
-        key = (role, match_bucket(m), copying)
+    def _counts(self, role: str, m: int, source: str) -> tuple[np.ndarray, np.ndarray]:
+        key = (role, match_bucket(m), source)
         if key not in self.trials:
             surv = np.ones(self.max_k)
             given = self.prior.get(role, {}).get(key[1])
@@ -81,22 +80,26 @@ class CostAware:
             self.hits[key] = self.prior_weight * hazard.clip(0.0, 1.0)
         return self.trials[key], self.hits[key]
 
-    def accept_probs(self, role: str, m: int, copying: bool = False) -> np.ndarray:
-        trials, hits = self._counts(role, m, copying)
+    def accept_probs(self, role: str, m: int, source: str = "") -> np.ndarray:
+        trials, hits = self._counts(role, m, source)
         return np.cumprod(hits / trials)
 
     def length(self, role: str, m: int, cap: int, threshold: float,
-               copying: bool = False) -> int:
+               source: str = "") -> int:
         if m <= 0 or cap <= 0:
             return 0
-        p = self.accept_probs(role, m, copying)[: min(cap, self.max_k)]
+        p = self.accept_probs(role, m, source)[: min(cap, self.max_k)]
         return int(np.count_nonzero(p >= threshold))
 
+    def expected(self, role: str, m: int, source: str, n: int) -> float:
+        """Expected accepted tokens of an n-token draft."""
+        return float(np.sum(self.accept_probs(role, m, source)[:n])) if m > 0 else 0.0
+
     def observe(self, role: str, m: int, drafted: int, accepted: int,
-                copying: bool = False) -> None:
+                source: str = "") -> None:
         if drafted <= 0 or m <= 0:
             return
-        trials, hits = self._counts(role, m, copying)
+        trials, hits = self._counts(role, m, source)
         seen = min(accepted + 1, drafted, self.max_k)
         trials[:seen] += 1
         hits[: min(accepted, self.max_k)] += 1

@@ -10,6 +10,8 @@ mechanisms on:
   output; block history is kept per (session, agent, query, block type).
 - length: fixed, AgSpec's alpha controller with per-role Kmax, AgentSpec's Algorithm 2,
   or our cost-aware allocator.
+- following (ours): while the output keeps copying the continuation last drafted from,
+  keep reading it instead of searching again.
 Sessions never see each other's S, W or block history.
 """
 
@@ -36,6 +38,10 @@ class PolicyConfig:
     global_: bool = False  # G
     isolate: bool = False  # drafts inside a block only from history of that block
     isolate_only: bool = False  # AgentSpec: block history is the only source
+    follow: bool = False  # keep reading a continuation while the output copies it
+    # how S, W, G compete: "length" (AgSpec: longest match, G only when longer by > delta)
+    # or "expected" (ours: the most expected accepted tokens under the acceptance model)
+    choose: str = "length"
     length: str = "fixed"  # fixed | alpha | algorithm2 | cost
     fixed_k: int = 10
     max_k: int = 64
@@ -63,7 +69,7 @@ class _Running:
     # the last retrieval, advanced while the output keeps copying it
     match: Match = field(default_factory=lambda: NO_MATCH)
     lam: float = 0.0  # lambda(b) of the step being verified
-    copying: bool = False  # the match was followed from the previous step
+    source: str = ""  # corpus the match came from: S, W, G or B (block history)
 
 
 def emission_forms(text: str) -> tuple[str, str]:
@@ -151,28 +157,38 @@ class Policy:
             st.blocks[key] = Corpus(max_tokens=self.config.s_max_tokens)
         return st.blocks[key]
 
-    def _retrieve(self, request: Request, run: _Running, k: int) -> Match:
+    def _candidates(self, request: Request, run: _Running, k: int) -> list[tuple[str, Match]]:
+        """The match of every corpus this request may draft from, tagged by source."""
+        cfg = self.config
         st = self.sessions[request.session]
-        ctx = request.tokens[-self.config.max_k:]
-        best = NO_MATCH
-        if self.config.isolate:
+        ctx = request.tokens[-cfg.max_k:]
+        found = []
+        if cfg.isolate:
             label = run.tracker.block if run.tracker else None
             key = (request.agent, request.query, label)
             # outside every block, S already holds all of the block history: skip it
-            if key in st.blocks and (label is not None or self.config.isolate_only):
-                best = st.blocks[key].match(ctx, k)
-            if self.config.isolate_only:
-                return best
-        for corpus in (st.s if self.config.session else None,
-                       st.w if self.config.workspace else None):
+            if key in st.blocks and (label is not None or cfg.isolate_only):
+                found.append(("B", st.blocks[key].match(ctx, k)))
+            if cfg.isolate_only:
+                return found
+        for source, corpus in (("S", st.s if cfg.session else None),
+                               ("W", st.w if cfg.workspace else None), ("G", self.g)):
             if corpus is not None and len(corpus):
-                m = corpus.match(ctx, k)
-                if m.length > best.length:
-                    best = m
-        if self.g is not None and len(self.g):
-            m = self.g.match(ctx, k)
-            if m.length > best.length + self.config.delta:
-                best = m
+                found.append((source, corpus.match(ctx, k)))
+        return [(src, m) for src, m in found if m.length]
+
+    def _retrieve(self, request: Request, run: _Running, k: int) -> tuple[str, Match]:
+        found = self._candidates(request, run, k)
+        if self.config.choose == "expected":
+            return max(found, key=lambda c: self.acceptance.expected(
+                request.role, c[1].length, c[0], len(c[1].tokens)), default=("", NO_MATCH))
+        best = ("", NO_MATCH)
+        for src, m in found:  # block history first, then S, W: ties keep the earlier
+            if src != "G" and m.length > best[1].length:
+                best = (src, m)
+        g = next((m for src, m in found if src == "G"), None)
+        if g is not None and g.length > best[1].length + self.config.delta:
+            best = ("G", g)
         return best
 
     def _follow(self, run: _Running, new: list[int]) -> Match | None:
@@ -190,11 +206,11 @@ class Policy:
         for r in batch:
             run = self.running[r.id]
             new = self._absorb(r, run)
-            followed = self._follow(run, new) if new else None
-            run.copying = followed is not None
-            m = followed or self._retrieve(r, run, cfg.max_k)
-            run.match = m
-            matches.append(m)
+            followed = self._follow(run, new) if new and cfg.follow else None
+            if followed is None:
+                run.source, followed = self._retrieve(r, run, cfg.max_k)
+            run.match = followed
+            matches.append(followed)
         if cfg.length == "fixed":
             lengths = [cfg.fixed_k if m.length else 0 for m in matches]
         elif cfg.length == "alpha":
@@ -212,13 +228,13 @@ class Policy:
                 # no Kmax cap: the acceptance model conditions on match length, which
                 # separates long copies from short matches better than a per-role cap
                 lengths.append(self.acceptance.length(r.role, m.length, cfg.max_k, threshold,
-                                                      self.running[r.id].copying))
+                                                      self.running[r.id].source))
         return [m.tokens[:k] for m, k in zip(matches, lengths)]
 
     def observe(self, request: Request, drafted: int, accepted: int) -> None:
         run = self.running[request.id]
         self.controller.update(request.role, drafted, accepted)
-        self.acceptance.observe(request.role, run.match.length, drafted, accepted, run.copying)
+        self.acceptance.observe(request.role, run.match.length, drafted, accepted, run.source)
         self.acceptance.charge(run.lam, drafted, accepted)
 
     def finish(self, request: Request) -> None:
@@ -253,5 +269,6 @@ def ladder(lam: float = 0.2) -> dict[str, PolicyConfig]:
                                     isolate_only=True),
         "agentspec": PolicyConfig("agentspec", session=False, isolate=True, isolate_only=True,
                                   length="algorithm2"),
-        "full": replace(glob, name="full", isolate=True, length="cost", lam=lam),
+        "full": replace(glob, name="full", isolate=True, follow=True, choose="expected",
+                        length="cost", lam=lam),
     }

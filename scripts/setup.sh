@@ -35,6 +35,21 @@ if ! "$VENV/bin/python" -c "import arctic_inference.suffix_decoding" 2>/dev/null
     "$PIP" install -q --no-build-isolation --no-deps "arctic-inference==0.3.0"
 fi
 
+# MLX on Linux runs on the CPU, and its float32 matmuls are only fast with an optimized BLAS
+# loaded first (agentspec's MLX engine preloads Debian's OpenBLAS when it is installed).
+if [ "$(uname -s)" = Linux ]; then
+  if dpkg -s libopenblas0-pthread >/dev/null 2>&1; then
+    :
+  elif command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    echo "[setup] installing libopenblas0-pthread (fast float32 matmuls for MLX on CPU)"
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libopenblas0-pthread; } \
+      >/dev/null 2>&1 || echo "[setup] note: could not install libopenblas0-pthread; MLX will use its slow reference BLAS"
+  else
+    echo "[setup] note: install libopenblas0-pthread (apt-get, as root) for fast float32 MLX on CPU;" \
+         "without it MLX uses its slow reference BLAS"
+  fi
+fi
+
 echo "[setup] installing agentspec[$extras]"
 # arctic-inference is already built above; pip sees it as satisfied
 "$PIP" install -q -e ".[$extras]"

@@ -196,3 +196,16 @@ def test_bad_structure_affects_only_that_request():
     p.start(r)
     assert p.propose([r]) == [[]]
     assert "structure ignored" in p.warnings[0]
+
+
+def test_expected_chooser_prefers_the_corpus_that_gets_accepted():
+    cfg = PolicyConfig("x", global_=True, choose="expected", length="cost", lam=0.1)
+    p = Policy(cfg, global_seed=[[1, 2, 3, 7, 7, 7, 7, 7]])
+    p.register("A", PROMPT, [1, 2, 3, 4, 5, 6])  # S and G both match [1, 2, 3]
+    for _ in range(200):  # history: S's drafts fail, G's hold
+        p.acceptance.observe("code", 3, drafted=4, accepted=0, source="S")
+        p.acceptance.observe("code", 3, drafted=4, accepted=4, source="G")
+    r = request("r", "A", [9, 1, 2, 3])
+    p.start(r)
+    assert p.propose([r])[0][:3] == [7, 7, 7]
+    assert p.running["r"].source == "G"

@@ -1,0 +1,231 @@
+"""`agentspec bench --backend mlx`: every method generates every recorded call with a real model.
+
+Sessions run one after another, their calls in recorded order. For each call the prompt is
+prefilled once (not timed) and every method generates from that shared cache, which is
+trimmed back to the prompt afterwards; methods take turns first, call by call, so machine
+noise spreads over all of them. `plain` is mlx-lm's own greedy generation.
+
+The drafters' histories follow the recording, as in replay: the recorded prompt messages
+are registered before a call, and at its end the RECORDED output is fed to each drafter
+(a request started and finished with it), not the small model's generation. A drafter
+still absorbs the generated tokens while it drafts (that is how drafting on the running
+output works); the generated request is finished with its output cut to nothing, so the
+generation does not reach G or past-response trees as a finished output.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from time import perf_counter
+from typing import Callable, Sequence
+
+from agentspec.backends import mlx as engine  # loads OpenBLAS before MLX
+from agentspec.bench import BENCH_FORMAT, BenchResult, BenchSetup, make_drafter
+from agentspec.drafter import FILE, PROMPT, TOOL, Drafter, Request
+from agentspec.metrics import DEFAULT_LAMBDAS, Meter
+from agentspec.tokens import TokenizedSession
+
+
+@dataclass
+class _Method:
+    name: str
+    drafter: Drafter | None  # None: mlx-lm's plain generation
+    meter: Meter = field(default_factory=Meter)
+    seconds: float = 0.0
+    tokens: int = 0
+    outputs: dict[str, list[int]] = field(default_factory=dict)
+
+
+def _register_call(drafters: Sequence[Drafter], s: TokenizedSession, index: int,
+                   seen_files: set) -> None:
+    tc = s.calls[index]
+    for path in tc.call.files:
+        tokens = s.files.get(path)
+        if tokens is not None and path not in seen_files:
+            seen_files.add(path)
+            for d in drafters:
+                d.register(s.id, FILE, tokens, path)
+    for role, tokens in tc.new_messages:
+        for d in drafters:
+            d.register(s.id, TOOL if role == "tool" else PROMPT, tokens)
+
+
+def _request(s: TokenizedSession, index: int, prompt: list[int], suffix: str = "") -> Request:
+    c = s.calls[index].call
+    return Request(id=f"{s.id}#{index}{suffix}", session=s.id, tokens=list(prompt),
+                   num_prompt=len(prompt), role=c.role,
+                   agent=c.agent_id or s.session.meta.get("agent", ""),
+                   query=c.query_id or s.id, turn=c.turn, structure=s.session.structure)
+
+
+def _finish_recorded(d: Drafter, s: TokenizedSession, index: int, prompt: list[int]) -> None:
+    """Feed the recorded output as this call's finished output."""
+    rec = _request(s, index, prompt)
+    d.start(rec)
+    rec.tokens.extend(s.calls[index].output)
+    d.finish(rec)
+
+
+def _first_difference(a: list[int], b: list[int]) -> int | None:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def run_mlx_bench(sessions: Sequence[TokenizedSession], methods: Sequence[str], *,
+                  setup: BenchSetup, model: str | None = None, dtype: str = "float32",
+                  max_tokens: int = 128, max_prompt_tokens: int | None = None,
+                  traces: Sequence[str] = (), eng: "engine.Engine | None" = None,
+                  progress: Callable[[str, int], None] | None = None) -> BenchResult:
+    """Generate every call of `sessions` with each method; a bench report (bench-json.md)."""
+    eng = eng or engine.load(model, dtype)
+    m, plan = eng.model, eng.plan
+    runs = [_Method(name, None if name == "plain" else make_drafter(name, setup))
+            for name in dict.fromkeys(["plain", *methods])]
+    drafters = [r.drafter for r in runs if r.drafter is not None]
+    calls = 0
+    prefill_s = 0.0
+    turn = 0
+    for s in sessions:
+        seen_files: set = set()
+        referenced = {p for c in s.calls for p in c.call.files}
+        for path in s.session.files:
+            if path not in referenced and path in s.files:
+                seen_files.add(path)
+                for d in drafters:
+                    d.register(s.id, FILE, s.files[path], path)
+        for index, tc in enumerate(s.calls):
+            _register_call(drafters, s, index, seen_files)
+            prompt = tc.prompt.tolist()
+            if max_prompt_tokens and len(prompt) > max_prompt_tokens:
+                prompt = prompt[-max_prompt_tokens:]
+            if not tc.output:  # as replay: a call with no recorded output generates nothing
+                for d in drafters:
+                    _finish_recorded(d, s, index, prompt)
+                continue
+            calls += 1
+            limit = engine._check_context(len(prompt), max_tokens, eng.context)
+            t0 = perf_counter()
+            cache = engine.prefill(m, prompt[:-1], plan=plan,
+                                   total_tokens=len(prompt) + limit + 64)
+            prefill_s += perf_counter() - t0
+            base = len(prompt) - 1
+            order = runs[turn % len(runs):] + runs[:turn % len(runs)]
+            turn += 1
+            for run in order:
+                gen = _generate(eng, run, s, index, prompt, cache, limit)
+                grown = engine.cache_len(cache) - base
+                if grown > 0 and engine.trim_prompt_cache(cache, grown) != grown:
+                    cache = engine.prefill(m, prompt[:-1], plan=plan)
+                run.outputs[f"{s.id}#{index}"] = gen.tokens
+                run.seconds += gen.seconds
+                run.tokens += len(gen.tokens)
+                run.meter.drafter_ns += gen.drafter_ns
+                for emitted, drafted, accepted in gen.steps:
+                    run.meter.row(tc.call.role, emitted, drafted, accepted)
+                    run.meter.step(1, drafted)
+                if run.drafter is not None:
+                    _finish_recorded(run.drafter, s, index, prompt)
+                if progress:
+                    progress(run.name, len(gen.tokens))
+        for d in drafters:
+            d.drop_session(s.id)
+    plain = runs[0]
+    report = {
+        "format": BENCH_FORMAT,
+        "backend": "mlx",
+        "model": eng.name,
+        "traces": [str(t) for t in traces],
+        "sessions": len(sessions),
+        "calls": calls,
+        "batch": 1,
+        "dtype": eng.dtype,
+        "max_tokens": max_tokens,
+        "max_prompt_tokens": max_prompt_tokens,
+        "prefill_s": round(prefill_s, 3),
+        "blas": engine.blas_in_use(),
+        "cache_plan": plan.mode,
+        "methods": {r.name: _entry(r, plain, setup) for r in runs if r.name in methods},
+    }
+    return BenchResult(report, {r.name: r.meter for r in runs})
+
+
+def _generate(eng: "engine.Engine", run: _Method, s: TokenizedSession, index: int,
+              prompt: list[int], cache: list, limit: int) -> "engine.Generation":
+    if run.drafter is None:
+        return engine.plain_tokens(eng.model, prompt, limit, eng.stop_ids, cache=cache)
+    req = _request(s, index, prompt, "/generated")
+    run.drafter.start(req)
+    gen = engine.generate(eng.model, prompt, run.drafter, req, limit, eng.stop_ids,
+                          cache=cache, plan=eng.plan)
+    del req.tokens[req.num_prompt:]  # the recorded output, not this one, joins the history
+    run.drafter.finish(req)
+    return gen
+
+
+def _entry(run: _Method, plain: _Method, setup: BenchSetup) -> dict:
+    entry = run.meter.report(plain.meter, DEFAULT_LAMBDAS, setup.profile)
+    tps = run.tokens / run.seconds if run.seconds else 0.0
+    plain_tps = plain.tokens / plain.seconds if plain.seconds else 0.0
+    mismatches = []
+    for key, ref in plain.outputs.items():
+        pos = _first_difference(run.outputs.get(key, []), ref)
+        if pos is not None:
+            mismatches.append({"call": key, "position": pos})
+    entry["tokens_per_s"] = round(tps, 3)
+    entry["speedup"] = round(tps / plain_tps, 4) if plain_tps else None
+    entry["rejected"] = run.meter.total.drafted - run.meter.total.accepted
+    entry["identical_to_plain"] = not mismatches
+    entry["mismatches"] = mismatches
+    entry["seconds"] = round(run.seconds, 3)
+    return entry
+
+
+def measured_table(report: dict):
+    """What a real backend measured: tokens/s, speedup, identical outputs."""
+    from rich.table import Table
+
+    t = Table(title=f"measured · {report['model']} {report.get('dtype', '')} · "
+              f"{report['calls']} calls · max {report.get('max_tokens')} tokens")
+    for col in ("method", "tokens/s", "speedup", "AL", "rejected/tok", "out tokens",
+                "seconds", "identical"):
+        t.add_column(col, justify="left" if col == "method" else "right")
+    for name, m in report["methods"].items():
+        same = "yes" if m["identical_to_plain"] else (
+            f"no: {len(m['mismatches'])} call(s), first at "
+            f"{m['mismatches'][0]['call']}:{m['mismatches'][0]['position']}")
+        t.add_row(name, f"{m['tokens_per_s']:.2f}", f"{m['speedup']:.3f}", f"{m['al']:.3f}",
+                  f"{m['rejected_per_token']:.3f}", str(m["output_tokens"]),
+                  f"{m['seconds']:.1f}", same)
+    return t
+
+
+def run_cli(tokenized: Sequence[TokenizedSession], names: Sequence[str], setup: BenchSetup, *,
+            model: str | None, dtype: str, max_tokens: int, max_prompt_tokens: int | None,
+            traces: Sequence[str], console) -> BenchResult:
+    """The mlx branch of `agentspec bench`: load, generate with a progress bar, report."""
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
+                               TimeElapsedColumn)
+
+    if engine.BLAS is None and sys.platform == "linux":
+        console.print("[yellow]note:[/] OpenBLAS not loaded: float32 matmuls use MLX's "
+                      "reference BLAS (install libopenblas0-pthread: scripts/setup.sh)")
+    with console.status("loading the model"):
+        eng = engine.load(model, dtype)
+    if eng.plan.mode == "none" or eng.plan.reason:
+        console.print(f"[yellow]warning:[/] {eng.plan.reason}", highlight=False)
+    n_calls = sum(1 for s in tokenized for c in s.calls if c.output)
+    with Progress(TextColumn("{task.description:>12}"), BarColumn(), MofNCompleteColumn(),
+                  TextColumn("calls"), TimeElapsedColumn(), console=console) as bar:
+        tasks: dict[str, int] = {}
+
+        def tick(method: str, _tokens: int) -> None:
+            if method not in tasks:
+                tasks[method] = bar.add_task(method, total=n_calls)
+            bar.advance(tasks[method], 1)
+
+        return run_mlx_bench(tokenized, names, setup=setup, model=model, dtype=dtype,
+                             max_tokens=max_tokens, max_prompt_tokens=max_prompt_tokens,
+                             traces=traces, eng=eng, progress=tick)
