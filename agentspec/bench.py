@@ -145,7 +145,7 @@ def plot(report: dict, path: str | Path) -> None:
     names = list(report["methods"])
     entries = [report["methods"][n] for n in names]
     lambdas = [k for k in entries[0]["modeled_speedup"]]
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(4 + 1.6 * len(names), 4))
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(min(18, 5 + 0.9 * len(names)), 4.5))
     ax1.bar(names, [e["al"] for e in entries], color="#4C72B0")
     ax1.set_title("Accepted length (tokens per step)")
     ax1.tick_params(axis="x", rotation=30)

@@ -8,4 +8,4 @@ TRACES=${TRACES:-../shared/traces/acr-run-1.jsonl.gz}
 mkdir -p out
 .venv/bin/agentspec models pull smollm2-135m
 .venv/bin/agentspec bench --backend replay --traces "$TRACES" --sessions 20 \
-  --methods plain,ngram,suffix --json out/bench.json --plot out/bench.png
+  --methods plain,ngram,suffix,full --json out/bench.json --plot out/bench.png
