@@ -96,8 +96,8 @@ def bench(
       agentspec bench --traces a.jsonl.gz --methods plain,suffix,full --batch 16 --lambda 0.5
     """
     from agentspec.backends.models import resolve
-    from agentspec.bench import (BenchError, BenchSetup, parse_methods, pick_sessions, plot,
-                                 run_replay_bench, split_by_task, write_json)
+    from agentspec.bench import (BenchError, BenchSetup, parse_methods, pick_sessions,
+                                 run_replay_bench, split_by_task)
     from agentspec.controller import load_kmax
     from agentspec.costs import load_profile
     from agentspec.kmax import profile_kmax
@@ -168,8 +168,16 @@ def bench(
         result = run_replay_bench(tokenized, names, batch=batch, model=tok.name,
                                   traces=[str(t) for t in traces], setup=setup,
                                   progress=tick)
-    report = result.report
+    _emit(result.report, json_out, plot_out)
+
+
+def _emit(report: dict, json_out: Optional[Path], plot_out: Optional[Path], *extra) -> None:
+    """Print a bench report (plus extra tables), and write its JSON and plot if asked."""
+    from agentspec.bench import plot, write_json
+
     out.print(report_table(report))
+    for table in extra:
+        out.print(table)
     if json_out:
         write_json(report, json_out)
         console.print(f"wrote {json_out}")
@@ -181,20 +189,12 @@ def bench(
 def _bench_mlx(tokenized, names, setup, *, json_out, plot_out, **options) -> None:
     from agentspec.backends.mlx import MLXError
     from agentspec.backends.mlx_bench import measured_table, run_cli
-    from agentspec.bench import plot, write_json
 
     try:
         report = run_cli(tokenized, names, setup, console=console, **options).report
     except (MLXError, *_user_errors()) as e:
         fail(str(e))
-    out.print(report_table(report))
-    out.print(measured_table(report))
-    if json_out:
-        write_json(report, json_out)
-        console.print(f"wrote {json_out}")
-    if plot_out:
-        plot(report, plot_out)
-        console.print(f"wrote {plot_out}")
+    _emit(report, json_out, plot_out, measured_table(report))
 
 
 @app.command("profile-lambda")
