@@ -88,6 +88,7 @@ def test_profile_kmax_writes_a_table(tmp_path, trace, tiny_model_dir):
 
 
 def test_every_command_has_help_with_examples():
-    for cmd in (["bench"], ["profile-kmax"], ["models", "pull"], ["models", "list"]):
+    for cmd in (["bench"], ["profile-kmax"], ["profile-lambda"], ["models", "pull"],
+                ["models", "list"]):
         r = runner.invoke(app, [*cmd, "--help"])
         assert r.exit_code == 0 and "Example" in r.output
