@@ -233,9 +233,13 @@ class Policy:
 
     def observe(self, request: Request, drafted: int, accepted: int) -> None:
         run = self.running[request.id]
-        self.controller.update(request.role, drafted, accepted)
-        self.acceptance.observe(request.role, run.match.length, drafted, accepted, run.source)
-        self.acceptance.charge(run.lam, drafted, accepted)
+        cfg = self.config
+        if cfg.length == "alpha":
+            self.controller.update(request.role, drafted, accepted)
+        if cfg.length == "cost" or cfg.choose == "expected":
+            self.acceptance.observe(request.role, run.match.length, drafted, accepted, run.source)
+        if cfg.length == "cost":
+            self.acceptance.charge(run.lam, drafted, accepted)
 
     def finish(self, request: Request) -> None:
         run = self.running.pop(request.id)

@@ -8,12 +8,13 @@ is the recorded assistant text.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 from tokenizers import Tokenizer
 
+from agentspec.drafter import FILE, PROMPT, TOOL, Drafter, Request
 from agentspec.trace import Call, Session
 
 
@@ -70,6 +71,16 @@ class TokenizedCall:
     # (role, tokens) of prompt messages first shown by this call; outputs of earlier
     # calls are not repeated here, the engine registers them when those calls finish
     new_messages: list[tuple[str, list[int]]]
+    # (path, tokens) of workspace files first opened by this call (the first call also
+    # carries the files that no call names)
+    new_files: list[tuple[str, list[int]]] = field(default_factory=list)
+
+    def register(self, drafter: Drafter, session: str) -> None:
+        """Hand the drafter the text this call shows for the first time."""
+        for path, tokens in self.new_files:
+            drafter.register(session, FILE, tokens, path)
+        for role, tokens in self.new_messages:
+            drafter.register(session, TOOL if role == "tool" else PROMPT, tokens)
 
 
 @dataclass
@@ -85,6 +96,16 @@ class TokenizedSession:
     @property
     def output_tokens(self) -> int:
         return sum(len(c.output) for c in self.calls)
+
+    def request(self, index: int, prompt: list[int] | None = None, suffix: str = "") -> Request:
+        """The Request of call `index`, by default with its whole recorded prompt."""
+        c = self.calls[index].call
+        tokens = self.calls[index].prompt.tolist() if prompt is None else list(prompt)
+        return Request(id=f"{self.id}#{index}{suffix}", session=self.id, tokens=tokens,
+                       num_prompt=len(tokens), role=c.role,
+                       agent=c.agent_id or self.session.meta.get("agent", ""),
+                       query=c.query_id or self.id, turn=c.turn,
+                       structure=self.session.structure)
 
 
 def tokenize_sessions(sessions: list[Session], tok: ChatTokenizer) -> list[TokenizedSession]:
@@ -122,5 +143,15 @@ def tokenize_sessions(sessions: list[Session], tok: ChatTokenizer) -> list[Token
             seen[c.thread] = max(first, c.message + 1)
             calls.append(TokenizedCall(c, prompt, bare[(c.thread, c.message)], new))
         files = {path: next(ids) for path in s.files}
+        opened: set[str] = set()
+        for i, tc in enumerate(calls):
+            paths = list(tc.call.files)
+            if i == 0:
+                named = {p for c in s.calls for p in c.files}
+                paths += [p for p in s.files if p not in named]
+            for path in paths:
+                if path in files and path not in opened:
+                    opened.add(path)
+                    tc.new_files.append((path, files[path]))
         out.append(TokenizedSession(s, calls, files))
     return out

@@ -22,7 +22,7 @@ from typing import Callable, Sequence
 
 from agentspec.backends import mlx as engine  # loads OpenBLAS before MLX
 from agentspec.bench import BENCH_FORMAT, BenchResult, BenchSetup, make_drafter
-from agentspec.drafter import FILE, PROMPT, TOOL, Drafter, Request
+from agentspec.drafter import Drafter
 from agentspec.metrics import DEFAULT_LAMBDAS, Meter
 from agentspec.tokens import TokenizedSession
 
@@ -37,31 +37,9 @@ class _Method:
     outputs: dict[str, list[int]] = field(default_factory=dict)
 
 
-def _register_call(drafters: Sequence[Drafter], s: TokenizedSession, index: int,
-                   seen_files: set) -> None:
-    tc = s.calls[index]
-    for path in tc.call.files:
-        tokens = s.files.get(path)
-        if tokens is not None and path not in seen_files:
-            seen_files.add(path)
-            for d in drafters:
-                d.register(s.id, FILE, tokens, path)
-    for role, tokens in tc.new_messages:
-        for d in drafters:
-            d.register(s.id, TOOL if role == "tool" else PROMPT, tokens)
-
-
-def _request(s: TokenizedSession, index: int, prompt: list[int], suffix: str = "") -> Request:
-    c = s.calls[index].call
-    return Request(id=f"{s.id}#{index}{suffix}", session=s.id, tokens=list(prompt),
-                   num_prompt=len(prompt), role=c.role,
-                   agent=c.agent_id or s.session.meta.get("agent", ""),
-                   query=c.query_id or s.id, turn=c.turn, structure=s.session.structure)
-
-
 def _finish_recorded(d: Drafter, s: TokenizedSession, index: int, prompt: list[int]) -> None:
     """Feed the recorded output as this call's finished output."""
-    rec = _request(s, index, prompt)
+    rec = s.request(index, prompt)
     d.start(rec)
     rec.tokens.extend(s.calls[index].output)
     d.finish(rec)
@@ -89,15 +67,9 @@ def run_mlx_bench(sessions: Sequence[TokenizedSession], methods: Sequence[str], 
     prefill_s = 0.0
     turn = 0
     for s in sessions:
-        seen_files: set = set()
-        referenced = {p for c in s.calls for p in c.call.files}
-        for path in s.session.files:
-            if path not in referenced and path in s.files:
-                seen_files.add(path)
-                for d in drafters:
-                    d.register(s.id, FILE, s.files[path], path)
         for index, tc in enumerate(s.calls):
-            _register_call(drafters, s, index, seen_files)
+            for d in drafters:
+                tc.register(d, s.id)
             prompt = tc.prompt.tolist()
             if max_prompt_tokens and len(prompt) > max_prompt_tokens:
                 prompt = prompt[-max_prompt_tokens:]
@@ -156,7 +128,7 @@ def _generate(eng: "engine.Engine", run: _Method, s: TokenizedSession, index: in
               prompt: list[int], cache: list, limit: int) -> "engine.Generation":
     if run.drafter is None:
         return engine.plain_tokens(eng.model, prompt, limit, eng.stop_ids, cache=cache)
-    req = _request(s, index, prompt, "/generated")
+    req = s.request(index, prompt, "/generated")
     run.drafter.start(req)
     gen = engine.generate(eng.model, prompt, run.drafter, req, limit, eng.stop_ids,
                           cache=cache, plan=eng.plan)

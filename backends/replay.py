@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from time import perf_counter_ns
 from typing import Callable, Sequence
 
-from agentspec.drafter import FILE, PROMPT, TOOL, Drafter, Request
+from agentspec.drafter import Drafter, Request
 from agentspec.metrics import Meter
 from agentspec.tokens import TokenizedSession
 
@@ -26,19 +26,10 @@ class _Cursor:
     call: int = -1
     pos: int = 0
     request: Request | None = None
-    registered_files: set | None = None
 
     @property
     def target(self) -> list[int]:
         return self.session.calls[self.call].output
-
-
-def _register_files(drafter: Drafter, cur: _Cursor, paths: Sequence[str]) -> None:
-    for path in paths:
-        tokens = cur.session.files.get(path)
-        if tokens is not None and path not in cur.registered_files:
-            cur.registered_files.add(path)
-            drafter.register(cur.session.id, FILE, tokens, path)
 
 
 def _next_call(drafter: Drafter, cur: _Cursor) -> bool:
@@ -47,15 +38,8 @@ def _next_call(drafter: Drafter, cur: _Cursor) -> bool:
     while cur.call + 1 < len(s.calls):
         cur.call += 1
         tc = s.calls[cur.call]
-        _register_files(drafter, cur, tc.call.files)
-        for role, tokens in tc.new_messages:
-            drafter.register(s.id, TOOL if role == "tool" else PROMPT, tokens)
-        c = tc.call
-        cur.request = Request(
-            id=f"{s.id}#{cur.call}", session=s.id, tokens=tc.prompt.tolist(),
-            num_prompt=len(tc.prompt), role=c.role, agent=c.agent_id or s.session.meta.get(
-                "agent", ""), query=c.query_id or s.id, turn=c.turn,
-            structure=s.session.structure)
+        tc.register(drafter, s.id)
+        cur.request = s.request(cur.call)
         cur.pos = 0
         drafter.start(cur.request)
         if tc.output:
@@ -75,10 +59,7 @@ def replay(sessions: Sequence[TokenizedSession], drafter: Drafter, batch: int = 
     active: list[_Cursor] = []
     while waiting or active:
         while waiting and len(active) < batch:
-            cur = _Cursor(waiting.popleft(), registered_files=set())
-            referenced = {p for c in cur.session.calls for p in c.call.files}
-            _register_files(drafter, cur, [p for p in cur.session.session.files
-                                           if p not in referenced])
+            cur = _Cursor(waiting.popleft())
             if _next_call(drafter, cur):
                 active.append(cur)
             else:
