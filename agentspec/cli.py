@@ -376,6 +376,138 @@ def models_list() -> None:
     out.print(t)
 
 
+@app.command("run-agent")
+def run_agent_cmd(
+    task: Optional[str] = typer.Option(None, help="A task name (see tasks/) or a task folder "
+                                       "(with task.toml and repo/)."),
+    all_tasks: bool = typer.Option(False, "--all", help="Run every evaluation task."),
+    model: Optional[str] = typer.Option(None, help="Embedded name, local folder or hub id "
+                                        "(default: smollm2-135m)."),
+    backend: str = typer.Option("mlx", help="Engine that runs the model: mlx."),
+    method: str = typer.Option("full", help="Drafting method (see `agentspec bench --help`)."),
+    compare: bool = typer.Option(False, help="Also generate every call with plain decoding "
+                                 "from the same prompt: speedup and identical outputs."),
+    max_turns: int = typer.Option(3, min=1, help="Code-run-review turns before giving up."),
+    max_tokens: Optional[int] = typer.Option(None, min=1, help="Cap on every role's output "
+                                             "(defaults: localize 48, code 256, run 128, "
+                                             "review 96)."),
+    dtype: str = typer.Option("float32", help="Weights as keep, float16 or float32 (Linux "
+                              "CPU: float32; a Mac's quantized model: keep)."),
+    out_dir: Path = typer.Option(Path("out/agent"), "--out", help="Folder for the trace and "
+                                 "the summary."),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="Summary JSON (default: "
+                                            "OUT/summary.json)."),
+) -> None:
+    """Run the four-role coding agent (localize, code, run, review) on task repositories.
+
+    Each task's session is recorded as agentspec.trace/1 in OUT/trace.jsonl.gz; the summary
+    (tasks solved, turns, and per method AL, tokens/s, speedup, identical outputs) goes to
+    OUT/summary.json.
+
+    [b]Examples[/b]
+
+      agentspec run-agent --all --compare
+
+      agentspec run-agent --task rle-codec --method suffix --max-turns 1
+
+      agentspec run-agent --all --model mlx-community/Qwen2.5-Coder-7B-Instruct-4bit --dtype keep
+    """
+    from agentspec.agents.tasks import TaskError, list_tasks, load_task
+    from agentspec.bench import method_names
+
+    if backend != "mlx":
+        fail(f"backend {backend!r} cannot run the agent; use mlx")
+    if method not in method_names():
+        fail(f"unknown method {method!r}; choose from {', '.join(method_names())}")
+    if bool(task) == all_tasks:
+        fail("name one task with --task, or run them all with --all")
+    try:
+        tasks = list_tasks("eval") if all_tasks else [load_task(task)]
+    except TaskError as e:
+        fail(str(e))
+    from agentspec.backends.mlx import ensure_blas_or_reexec
+
+    ensure_blas_or_reexec()
+    _run_agent(tasks, model=model, dtype=dtype, method=method, compare=compare,
+               max_turns=max_turns, max_tokens=max_tokens, out_dir=out_dir,
+               json_out=json_out or out_dir / "summary.json")
+
+
+def _run_agent(tasks, *, model, dtype, method, compare, max_turns, max_tokens, out_dir,
+               json_out) -> None:
+    import json
+
+    from agentspec.agents.agent import run_task
+    from agentspec.agents.llm import CallStats, EngineLLM
+    from agentspec.backends import mlx as engine
+    from agentspec.backends.mlx_bench import methods_table
+    from agentspec.backends.mlx_probe import default_profile
+    from agentspec.bench import BenchSetup
+    from agentspec.costs import load_profile
+    from agentspec.structure import token_bytes
+    from agentspec.tokens import ChatTokenizer
+    from agentspec.trace import write_sessions
+
+    try:
+        with console.status("loading the model"):
+            eng = engine.load(model, dtype)
+        profile_path = default_profile("mlx", model, dtype)
+        tok = ChatTokenizer.from_model(Path(eng.path), eng.name)
+        setup = BenchSetup(tokenizer=tok, token_bytes=token_bytes(tok.tokenizer),
+                           profile=load_profile(profile_path) if profile_path else None)
+    except (engine.MLXError, *_user_errors()) as e:
+        fail(str(e))
+    spent: dict[str, list[float]] = {}  # session -> [tokens, seconds]
+
+    def show(c: CallStats) -> None:
+        spent.setdefault(c.session, [0, 0.0])
+        spent[c.session][0] += c.tokens
+        spent[c.session][1] += c.seconds
+        line = (f"  turn {c.turn} {c.role:<8} {c.tokens:4d} tokens  "
+                f"{c.tokens / c.seconds if c.seconds else 0:6.1f} tok/s  AL {c.al:4.2f}")
+        if c.plain_seconds is not None:
+            line += (f"  plain {c.tokens / c.plain_seconds if c.plain_seconds else 0:6.1f} "
+                     f"tok/s  {'identical' if c.identical else '[red]DIFFERENT[/]'}")
+        console.print(line, highlight=False)
+
+    llm = EngineLLM(eng, method, setup, compare=compare, max_tokens=max_tokens, on_call=show)
+    results, errors = [], {}
+    for t in tasks:
+        console.print(f"[bold]{t.name}[/] ({t.bug})")
+        sid = f"agentspec-agent/{t.name}"
+        try:
+            results.append(run_task(t, llm, max_turns=max_turns, model=eng.name,
+                                    session_id=sid))
+        except (engine.MLXError, OSError) as e:  # this task fails; the others still run
+            errors[t.name] = str(e)
+            console.print(f"  [red]error:[/] {e}", highlight=False)
+        llm.end_session(sid)
+    summary = {
+        "format": "agentspec.agent/1", "backend": "mlx", "model": eng.name, "dtype": eng.dtype,
+        "method": method, "max_turns": max_turns,
+        "tasks": [r.summary() for r in results] + [
+            {"task": name, "solved": False, "turns": 0, "error": err}
+            for name, err in errors.items()],
+        "methods": llm.report(),
+    }
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_sessions(out_dir / "trace.jsonl.gz", [r.session for r in results])
+    json_out.parent.mkdir(parents=True, exist_ok=True)
+    json_out.write_text(json.dumps(summary, indent=2) + "\n")
+    table = Table(title=f"agent · {eng.name} · method {method}")
+    for col in ("task", "solved", "turns", "review", "tokens", "tok/s", "error"):
+        table.add_column(col, justify="left" if col in ("task", "error") else "right")
+    for r in results:
+        tokens, seconds = spent.get(r.session.id, [0, 0.0])
+        table.add_row(r.task, "yes" if r.solved else "no", str(r.turns), ",".join(r.verdicts),
+                      str(int(tokens)), f"{tokens / seconds if seconds else 0:.1f}", "")
+    for name, err in errors.items():
+        table.add_row(name, "no", "0", "", "", "", err)
+    out.print(table)
+    out.print(methods_table(summary["methods"], f"per method · {len(tasks)} task(s)"))
+    console.print(f"wrote {out_dir / 'trace.jsonl.gz'} and {json_out}")
+
+
 def main() -> None:
     try:
         app()

@@ -48,6 +48,14 @@ class Meter:
         self.step_drafts: list[int] = []  # K: draft tokens verified in each batch step
         self.drafter_ns = 0
 
+    @classmethod
+    def plain(cls, output_tokens: int) -> "Meter":
+        """What plain decoding of `output_tokens` tokens measures: one token per step."""
+        m = cls()
+        m.step_rows = [1] * output_tokens
+        m.step_drafts = [0] * output_tokens
+        return m
+
     def row(self, role: str, emitted: int, drafted: int, accepted: int) -> None:
         self.total.add(emitted, drafted, accepted)
         self.by_role[role].add(emitted, drafted, accepted)

@@ -22,19 +22,36 @@ from typing import Callable, Sequence
 
 from agentspec.backends import mlx as engine  # loads OpenBLAS before MLX
 from agentspec.bench import BENCH_FORMAT, BenchResult, BenchSetup, make_drafter
-from agentspec.drafter import Drafter
+from agentspec.drafter import Drafter, Request
 from agentspec.metrics import DEFAULT_LAMBDAS, Meter
 from agentspec.tokens import TokenizedSession
 
 
 @dataclass
-class _Method:
+class MethodRun:
+    """One method's drafter and what it generated, call by call."""
+
     name: str
     drafter: Drafter | None  # None: mlx-lm's plain generation
     meter: Meter = field(default_factory=Meter)
     seconds: float = 0.0
     tokens: int = 0
     outputs: dict[str, list[int]] = field(default_factory=dict)
+
+    def add(self, key: str, role: str, gen: "engine.Generation") -> None:
+        self.outputs[key] = gen.tokens
+        self.seconds += gen.seconds
+        self.tokens += len(gen.tokens)
+        self.meter.drafter_ns += gen.drafter_ns
+        for emitted, drafted, accepted in gen.steps:
+            self.meter.row(role, emitted, drafted, accepted)
+            self.meter.step(1, drafted)
+
+
+def method_runs(names: Sequence[str], setup: BenchSetup) -> list[MethodRun]:
+    """`plain` first (mlx-lm's generation), then each other method with its drafter."""
+    return [MethodRun(name, None if name == "plain" else make_drafter(name, setup))
+            for name in dict.fromkeys(["plain", *names])]
 
 
 def _finish_recorded(d: Drafter, s: TokenizedSession, index: int, prompt: list[int]) -> None:
@@ -59,13 +76,10 @@ def run_mlx_bench(sessions: Sequence[TokenizedSession], methods: Sequence[str], 
                   progress: Callable[[str, int], None] | None = None) -> BenchResult:
     """Generate every call of `sessions` with each method; a bench report (bench-json.md)."""
     eng = eng or engine.load(model, dtype)
-    m, plan = eng.model, eng.plan
-    runs = [_Method(name, None if name == "plain" else make_drafter(name, setup))
-            for name in dict.fromkeys(["plain", *methods])]
+    runs = method_runs(methods, setup)
     drafters = [r.drafter for r in runs if r.drafter is not None]
     calls = 0
     prefill_s = 0.0
-    turn = 0
     for s in sessions:
         for index, tc in enumerate(s.calls):
             for d in drafters:
@@ -73,35 +87,15 @@ def run_mlx_bench(sessions: Sequence[TokenizedSession], methods: Sequence[str], 
             prompt = tc.prompt.tolist()
             if max_prompt_tokens and len(prompt) > max_prompt_tokens:
                 prompt = prompt[-max_prompt_tokens:]
-            if not tc.output:  # as replay: a call with no recorded output generates nothing
-                for d in drafters:
-                    _finish_recorded(d, s, index, prompt)
-                continue
-            calls += 1
-            limit = engine._check_context(len(prompt), max_tokens, eng.context)
-            t0 = perf_counter()
-            cache = engine.prefill(m, prompt[:-1], plan=plan,
-                                   total_tokens=len(prompt) + limit + 64)
-            prefill_s += perf_counter() - t0
-            base = len(prompt) - 1
-            order = runs[turn % len(runs):] + runs[:turn % len(runs)]
-            turn += 1
-            for run in order:
-                gen = _generate(eng, run, s, index, prompt, cache, limit)
-                grown = engine.cache_len(cache) - base
-                if grown > 0 and engine.trim_prompt_cache(cache, grown) != grown:
-                    cache = engine.prefill(m, prompt[:-1], plan=plan)
-                run.outputs[f"{s.id}#{index}"] = gen.tokens
-                run.seconds += gen.seconds
-                run.tokens += len(gen.tokens)
-                run.meter.drafter_ns += gen.drafter_ns
-                for emitted, drafted, accepted in gen.steps:
-                    run.meter.row(tc.call.role, emitted, drafted, accepted)
-                    run.meter.step(1, drafted)
-                if run.drafter is not None:
-                    _finish_recorded(run.drafter, s, index, prompt)
-                if progress:
-                    progress(run.name, len(gen.tokens))
+            if tc.output:  # as replay: a call with no recorded output generates nothing
+                order = runs[calls % len(runs):] + runs[:calls % len(runs)]
+                calls += 1
+                prefill_s += generate_call(eng, order, prompt,
+                                           lambda: s.request(index, prompt, "/generated"),
+                                           max_tokens, tc.call.role, f"{s.id}#{index}",
+                                           keep_output=False, progress=progress)[0]
+            for d in drafters:  # the recorded output, not a generated one, joins the history
+                _finish_recorded(d, s, index, prompt)
         for d in drafters:
             d.drop_session(s.id)
     plain = runs[0]
@@ -118,57 +112,103 @@ def run_mlx_bench(sessions: Sequence[TokenizedSession], methods: Sequence[str], 
         "max_prompt_tokens": max_prompt_tokens,
         "prefill_s": round(prefill_s, 3),
         "blas": engine.blas_in_use(),
-        "cache_plan": plan.mode,
-        "methods": {r.name: _entry(r, plain, setup) for r in runs if r.name in methods},
+        "cache_plan": eng.plan.mode,
+        "methods": {r.name: method_entry(r, plain, setup) for r in runs if r.name in methods},
     }
     return BenchResult(report, {r.name: r.meter for r in runs})
 
 
-def _generate(eng: "engine.Engine", run: _Method, s: TokenizedSession, index: int,
-              prompt: list[int], cache: list, limit: int) -> "engine.Generation":
-    if run.drafter is None:
-        return engine.plain_tokens(eng.model, prompt, limit, eng.stop_ids, cache=cache)
-    req = s.request(index, prompt, "/generated")
-    run.drafter.start(req)
-    gen = engine.generate(eng.model, prompt, run.drafter, req, limit, eng.stop_ids,
-                          cache=cache, plan=eng.plan)
-    del req.tokens[req.num_prompt:]  # the recorded output, not this one, joins the history
-    run.drafter.finish(req)
-    return gen
+def generate_call(eng: "engine.Engine", runs: Sequence[MethodRun], prompt: list[int],
+                  make_request: Callable[[], Request], max_tokens: int, role: str, key: str, *,
+                  keep_output: bool = True,
+                  progress: Callable[[str, int], None] | None = None
+                  ) -> tuple[float, dict[str, "engine.Generation"]]:
+    """Generate one call with every method in `runs`, in that order, from one prefill.
+
+    Each run's meter, time and `outputs[key]` are updated; returns the prefill seconds
+    and each method's generation.
+    A drafter's request is finished with its generated output when `keep_output`, else
+    with none (the caller then feeds the drafter the output it should remember).
+    """
+    limit = engine._check_context(len(prompt), max_tokens, eng.context)
+    t0 = perf_counter()
+    cache = engine.prefill(eng.model, prompt[:-1], plan=eng.plan,
+                           total_tokens=len(prompt) + limit + 64)
+    prefill_s = perf_counter() - t0
+    base = len(prompt) - 1
+    gens = {}
+    for run in runs:
+        if run.drafter is None:
+            gen = engine.plain_tokens(eng.model, prompt, limit, eng.stop_ids, cache=cache)
+        else:
+            req = make_request()
+            run.drafter.start(req)
+            gen = engine.generate(eng.model, prompt, run.drafter, req, limit, eng.stop_ids,
+                                  cache=cache, plan=eng.plan)
+            if not keep_output:
+                del req.tokens[req.num_prompt:]
+            run.drafter.finish(req)
+        grown = engine.cache_len(cache) - base
+        if grown > 0 and engine.trim_prompt_cache(cache, grown) != grown:
+            cache = engine.prefill(eng.model, prompt[:-1], plan=eng.plan)
+        run.add(key, role, gen)
+        gens[run.name] = gen
+        if progress:
+            progress(run.name, len(gen.tokens))
+    return prefill_s, gens
 
 
-def _entry(run: _Method, plain: _Method, setup: BenchSetup) -> dict:
-    entry = run.meter.report(plain.meter, DEFAULT_LAMBDAS, setup.profile)
-    tps = run.tokens / run.seconds if run.seconds else 0.0
-    plain_tps = plain.tokens / plain.seconds if plain.seconds else 0.0
+def method_entry(run: MethodRun, plain: MethodRun | None, setup: BenchSetup) -> dict:
+    """The bench-json entry of a run, with what only a real backend measures.
+
+    Without a plain run to compare with, speedup and identity are null and modeled
+    speedups count one plain step per output token.
+    """
+    reference = plain.meter if plain else Meter.plain(run.meter.total.output_tokens)
+    entry = run.meter.report(reference, DEFAULT_LAMBDAS, setup.profile)
+    entry["tokens_per_s"] = round(run.tokens / run.seconds, 3) if run.seconds else 0.0
+    entry["rejected"] = run.meter.total.drafted - run.meter.total.accepted
+    entry["seconds"] = round(run.seconds, 3)
+    if plain is None:
+        return entry
     mismatches = []
     for key, ref in plain.outputs.items():
         pos = _first_difference(run.outputs.get(key, []), ref)
         if pos is not None:
             mismatches.append({"call": key, "position": pos})
-    entry["tokens_per_s"] = round(tps, 3)
-    entry["speedup"] = round(tps / plain_tps, 4) if plain_tps else None
-    entry["rejected"] = run.meter.total.drafted - run.meter.total.accepted
+    plain_tps = plain.tokens / plain.seconds if plain.seconds else 0.0
+    entry["speedup"] = round(entry["tokens_per_s"] / plain_tps, 4) if plain_tps else None
     entry["identical_to_plain"] = not mismatches
     entry["mismatches"] = mismatches
-    entry["seconds"] = round(run.seconds, 3)
     return entry
 
 
 def measured_table(report: dict):
     """What a real backend measured: tokens/s, speedup, identical outputs."""
+    return methods_table(report["methods"],
+                         f"measured · {report['model']} {report.get('dtype', '')} · "
+                         f"{report['calls']} calls · max {report.get('max_tokens')} tokens")
+
+
+def methods_table(methods: dict, title: str):
+    """A table of bench-json method entries measured on a real model."""
     from rich.table import Table
 
-    t = Table(title=f"measured · {report['model']} {report.get('dtype', '')} · "
-              f"{report['calls']} calls · max {report.get('max_tokens')} tokens")
+    t = Table(title=title)
     for col in ("method", "tokens/s", "speedup", "AL", "rejected/tok", "out tokens",
                 "seconds", "identical"):
         t.add_column(col, justify="left" if col == "method" else "right")
-    for name, m in report["methods"].items():
-        same = "yes" if m["identical_to_plain"] else (
-            f"no: {len(m['mismatches'])} call(s), first at "
-            f"{m['mismatches'][0]['call']}:{m['mismatches'][0]['position']}")
-        t.add_row(name, f"{m['tokens_per_s']:.2f}", f"{m['speedup']:.3f}", f"{m['al']:.3f}",
+    for name, m in methods.items():
+        if m["identical_to_plain"] is None:
+            same = "-"
+        elif m["identical_to_plain"]:
+            same = "yes"
+        else:
+            first = m["mismatches"][0]
+            same = (f"no: {len(m['mismatches'])} call(s), first at "
+                    f"{first['call']}:{first['position']}")
+        speedup = "-" if m["speedup"] is None else f"{m['speedup']:.3f}"
+        t.add_row(name, f"{m['tokens_per_s']:.2f}", speedup, f"{m['al']:.3f}",
                   f"{m['rejected_per_token']:.3f}", str(m["output_tokens"]),
                   f"{m['seconds']:.1f}", same)
     return t

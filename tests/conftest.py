@@ -64,3 +64,45 @@ def session_obj(sid: str, task: str | None = None, patch_twice: bool = True) -> 
 def write_jsonl(path: Path, objs: list) -> Path:
     path.write_text("".join((o if isinstance(o, str) else json.dumps(o)) + "\n" for o in objs))
     return path
+
+
+def random_init(model, seed: int):
+    """Random MLX weights large enough that greedy output varies (default init repeats a token)."""
+    import mlx.core as mx
+    from mlx.utils import tree_map_with_path
+
+    mx.random.seed(seed)
+
+    def draw(path, w):
+        if "norm" in path:
+            return w
+        return mx.random.normal(w.shape) * (1.0 if "embed" in path else 4.0 / w.shape[-1] ** 0.5)
+
+    model.update(tree_map_with_path(draw, model.parameters()))
+    mx.eval(model.parameters())
+    return model
+
+
+@pytest.fixture(scope="session")
+def model_folder(tmp_path_factory):
+    """A loadable mlx-lm folder: a tiny random llama over the tiny tokenizer."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from mlx_lm.models import llama
+
+    d = tmp_path_factory.mktemp("tiny-llama")
+    tok = tiny_tokenizer()
+    tok.save(str(d / "tokenizer.json"))
+    vocab = tok.get_vocab_size()
+    config = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2,
+              "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "head_dim": 16, "rms_norm_eps": 1e-5, "vocab_size": vocab,
+              "max_position_embeddings": 8192, "tie_word_embeddings": True,
+              "eos_token_id": tok.token_to_id("<|im_end|>")}
+    (d / "config.json").write_text(json.dumps(config))
+    (d / "tokenizer_config.json").write_text(json.dumps({
+        "chat_template": CHATML, "tokenizer_class": "PreTrainedTokenizerFast",
+        "eos_token": "<|im_end|>"}))
+    m = random_init(llama.Model(llama.ModelArgs.from_dict(config)), 3)
+    mx.save_safetensors(str(d / "model.safetensors"), dict(tree_flatten(m.parameters())))
+    return d

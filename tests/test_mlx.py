@@ -11,28 +11,15 @@ import pytest
 mlx_engine = pytest.importorskip("agentspec.backends.mlx")
 
 import mlx.core as mx  # noqa: E402
-from mlx.utils import tree_flatten, tree_map_with_path  # noqa: E402
+from mlx.utils import tree_flatten  # noqa: E402
 from mlx_lm.models import llama, mamba  # noqa: E402
 from mlx_lm.models.cache import KVCache, RotatingKVCache  # noqa: E402
 
 from agentspec.drafter import Plain, Request  # noqa: E402
+from conftest import random_init  # noqa: E402
 
 E = mlx_engine
 VOCAB = 256
-
-
-def _init(model, seed: int):
-    """Random weights large enough that greedy output varies (default init repeats a token)."""
-    mx.random.seed(seed)
-
-    def draw(path, w):
-        if "norm" in path:
-            return w
-        return mx.random.normal(w.shape) * (1.0 if "embed" in path else 4.0 / w.shape[-1] ** 0.5)
-
-    model.update(tree_map_with_path(draw, model.parameters()))
-    mx.eval(model.parameters())
-    return model
 
 
 def tiny_llama(seed: int = 0, **extra):
@@ -40,7 +27,7 @@ def tiny_llama(seed: int = 0, **extra):
                            intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
                            head_dim=16, rms_norm_eps=1e-5, vocab_size=VOCAB,
                            max_position_embeddings=512, **extra)
-    return _init(llama.Model(args), seed)
+    return random_init(llama.Model(args), seed)
 
 
 @pytest.fixture(scope="module")
@@ -262,7 +249,7 @@ def test_recurrent_state_decodes_plainly():
     args = mamba.ModelArgs(model_type="mamba", vocab_size=VOCAB, hidden_size=32,
                            intermediate_size=64, state_size=8, num_hidden_layers=2,
                            conv_kernel=4, use_bias=False, use_conv_bias=True, time_step_rank=4)
-    m = _init(mamba.Model(args), 1)
+    m = random_init(mamba.Model(args), 1)
     plan = E.plan_for(m)
     assert plan.mode == "none" and "ArraysCache" in plan.reason
     _check_same(m, prompts(2, seed=10), n=15)
@@ -334,29 +321,6 @@ def test_smollm2_speculative_equals_plain():
 
 
 # ---------------------------------------------------------------- the command line
-
-
-@pytest.fixture(scope="module")
-def model_folder(tmp_path_factory):
-    """A loadable mlx-lm folder: a tiny random llama over the conftest tokenizer."""
-    from conftest import CHATML, tiny_tokenizer
-
-    d = tmp_path_factory.mktemp("tiny-llama")
-    tok = tiny_tokenizer()
-    tok.save(str(d / "tokenizer.json"))
-    vocab = tok.get_vocab_size()
-    config = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2,
-              "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
-              "head_dim": 16, "rms_norm_eps": 1e-5, "vocab_size": vocab,
-              "max_position_embeddings": 4096, "tie_word_embeddings": True,
-              "eos_token_id": tok.token_to_id("<|im_end|>")}
-    (d / "config.json").write_text(json.dumps(config))
-    (d / "tokenizer_config.json").write_text(json.dumps({
-        "chat_template": CHATML, "tokenizer_class": "PreTrainedTokenizerFast",
-        "eos_token": "<|im_end|>"}))
-    m = _init(llama.Model(llama.ModelArgs.from_dict(config)), 3)
-    mx.save_safetensors(str(d / "model.safetensors"), dict(tree_flatten(m.parameters())))
-    return d
 
 
 def test_cli_profile_lambda_then_bench_uses_the_cached_profile(tmp_path, model_folder,

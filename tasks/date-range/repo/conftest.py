@@ -1,0 +1,1 @@
+"""Makes `python -m pytest` from this folder import the local package."""
