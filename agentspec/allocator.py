@@ -38,8 +38,9 @@ def agentspec_lengths(cands: Sequence[tuple[int, int, int] | None], alpha: float
 
 
 def match_bucket(m: int) -> int:
-    """Match-length buckets 1-2, 3-4, 5-8, 9-16, 17-32, 33+."""
-    return min(5, max(0, (m - 1).bit_length() - 1))
+    """Match-length buckets 1-2, 3-4, 5-8, ..., 129-256, 257+ (a followed copy's match keeps
+    growing: long copies get buckets of their own)."""
+    return min(8, max(0, (m - 1).bit_length() - 1))
 
 
 class CostAware:
@@ -67,6 +68,13 @@ class CostAware:
 
     def _counts(self, role: str, m: int, source: str) -> tuple[np.ndarray, np.ndarray]:
         key = (role, match_bucket(m), source)
+        shorter = (role, key[1] - 1, source)
+        if key not in self.trials and shorter in self.trials and \
+                not self.prior.get(role, {}).get(key[1]):
+            # a copy followed into a longer bucket: start from what the shorter one learned
+            hazard = self.hits[shorter] / self.trials[shorter]
+            self.trials[key] = np.full(self.max_k, self.prior_weight)
+            self.hits[key] = self.prior_weight * hazard
         if key not in self.trials:
             surv = np.ones(self.max_k)
             given = self.prior.get(role, {}).get(key[1])
@@ -96,13 +104,18 @@ class CostAware:
         return float(np.sum(self.accept_probs(role, m, source)[:n])) if m > 0 else 0.0
 
     def observe(self, role: str, m: int, drafted: int, accepted: int,
-                source: str = "") -> None:
+                source: str = "", bonus: bool | None = None) -> None:
+        """A verified draft; `bonus`, when known, says whether draft token drafted + 1
+        would have been accepted."""
         if drafted <= 0 or m <= 0:
             return
         trials, hits = self._counts(role, m, source)
         seen = min(accepted + 1, drafted, self.max_k)
         trials[:seen] += 1
         hits[: min(accepted, self.max_k)] += 1
+        if bonus is not None and drafted < self.max_k:  # the position just past the draft
+            trials[drafted] += 1
+            hits[drafted] += bonus
         if trials[0] > self.window:
             trials *= 0.5
             hits *= 0.5

@@ -237,7 +237,15 @@ class Policy:
         if cfg.length == "alpha":
             self.controller.update(request.role, drafted, accepted)
         if cfg.length == "cost" or cfg.choose == "expected":
-            self.acceptance.observe(request.role, run.match.length, drafted, accepted, run.source)
+            # the target's own token after a fully accepted draft says, for free, whether
+            # one more draft token would have been accepted: without it the model never
+            # learns about positions past the lengths it already drafts
+            bonus = None
+            if accepted == drafted < len(run.match.tokens) and \
+                    len(request.tokens) - run.fed == accepted + 1:
+                bonus = run.match.tokens[drafted] == request.tokens[-1]
+            self.acceptance.observe(request.role, run.match.length, drafted, accepted,
+                                    run.source, bonus)
         if cfg.length == "cost":
             self.acceptance.charge(run.lam, drafted, accepted)
 

@@ -100,6 +100,35 @@ def test_cost_aware_learns_acceptance():
     assert model.length("code", 3, 16, 0.9) <= model.length("code", 3, 16, 0.1)
 
 
+
+def test_the_token_after_a_fully_accepted_draft_teaches_the_next_position():
+    model = CostAware(max_k=8, prior_weight=4)
+    before = model.accept_probs("code", 40)[2]
+    for _ in range(50):
+        model.observe("code", 40, drafted=2, accepted=2, bonus=True)
+    assert model.accept_probs("code", 40)[2] > max(before, 0.9)
+    for _ in range(50):
+        model.observe("code", 40, drafted=2, accepted=2, bonus=False)
+    assert model.accept_probs("code", 40)[2] < 0.6
+
+
+def test_drafts_grow_while_the_output_keeps_copying():
+    """A model repeating itself: the cost-aware length grows with every confirmed token."""
+    p = Policy(ladder(0.2)["full"])
+    loop = list(range(100, 140))
+    r = request("r", "A", [1, 2, 3] + loop)
+    p.start(r)
+    lengths = []
+    while len(r.output) < 40 * 8:
+        draft = p.propose([r])[0]
+        n = len(r.output)
+        truth = [loop[(n + i) % 40] for i in range(len(draft) + 1)]
+        a = next((i for i, (d, t) in enumerate(zip(draft, truth)) if d != t), len(draft))
+        r.tokens += truth[:a + 1]
+        p.observe(r, len(draft), a)
+        lengths.append(len(draft))
+    assert max(lengths[-5:]) > 8
+
 # --- corpora ----------------------------------------------------------------------------
 def request(rid, session, tokens, role="code", output=()):
     return Request(id=rid, session=session, tokens=list(tokens) + list(output),
