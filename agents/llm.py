@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Callable
 
 from agentspec.backends import mlx as engine  # loads OpenBLAS before MLX
-from agentspec.backends.mlx_bench import MethodRun, generate_call, method_entry, method_runs
-from agentspec.bench import BenchSetup
+from agentspec.backends.mlx_bench import MethodRun, generate_call, method_runs
+from agentspec.bench import BenchSetup, method_entry
 from agentspec.tokens import ChatTokenizer, tokenize_sessions
 from agentspec.trace import Session
 

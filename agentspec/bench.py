@@ -86,6 +86,17 @@ def parse_methods(text: str) -> list[str]:
     return list(dict.fromkeys(names))
 
 
+def parse_batches(text: str) -> list[int]:
+    """Comma-separated batch sizes, sorted and deduplicated."""
+    try:
+        sizes = sorted({int(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        raise BenchError(f"--batch must be comma-separated integers, not {text!r}") from None
+    if not sizes or sizes[0] < 1:
+        raise BenchError("--batch needs batch sizes of at least 1")
+    return sizes
+
+
 def pick_sessions(sessions: Sequence, n: int | None, seed: int) -> list:
     """A seeded sample of n sessions, kept in file order; all when n is None."""
     if n is None or n >= len(sessions):
@@ -127,6 +138,81 @@ def run_replay_bench(sessions: list[TokenizedSession], methods: list[str], *, ba
                     for name in methods},
     }
     return BenchResult(report, meters)
+
+
+@dataclass
+class MeasuredRun:
+    """What one method generated on a real backend, call by call."""
+
+    name: str
+    meter: Meter = field(default_factory=Meter)
+    seconds: float = 0.0
+    tokens: int = 0
+    outputs: dict[str, list[int]] = field(default_factory=dict)
+
+
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def method_entry(run: MeasuredRun, plain: MeasuredRun | None, setup: BenchSetup) -> dict:
+    """The bench-json entry of a run, with what only a real backend measures.
+
+    Without a plain run to compare with, speedup and identity are null and modeled
+    speedups count one plain step per output token.
+    """
+    reference = plain.meter if plain else Meter.plain(run.meter.total.output_tokens)
+    entry = run.meter.report(reference, DEFAULT_LAMBDAS, setup.profile)
+    entry["tokens_per_s"] = round(run.tokens / run.seconds, 3) if run.seconds else 0.0
+    entry["rejected"] = run.meter.total.drafted - run.meter.total.accepted
+    entry["seconds"] = round(run.seconds, 3)
+    if plain is None:
+        return entry
+    mismatches = []
+    for key, ref in plain.outputs.items():
+        pos = first_difference(run.outputs.get(key, []), ref)
+        if pos is not None:
+            mismatches.append({"call": key, "position": pos})
+    plain_tps = plain.tokens / plain.seconds if plain.seconds else 0.0
+    entry["speedup"] = round(entry["tokens_per_s"] / plain_tps, 4) if plain_tps else None
+    entry["identical_to_plain"] = not mismatches
+    entry["mismatches"] = mismatches
+    return entry
+
+
+def measured_table(report: dict):
+    """What a real backend measured: tokens/s, speedup, identical outputs."""
+    return methods_table(report["methods"],
+                         f"measured · {report['model']} {report.get('dtype', '')} · "
+                         f"{report['calls']} calls · batch {report['batch']} · "
+                         f"max {report.get('max_tokens')} tokens")
+
+
+def methods_table(methods: dict, title: str):
+    """A table of bench-json method entries measured on a real model."""
+    from rich.table import Table
+
+    t = Table(title=title)
+    for col in ("method", "tokens/s", "speedup", "AL", "rejected/tok", "out tokens",
+                "seconds", "identical"):
+        t.add_column(col, justify="left" if col == "method" else "right")
+    for name, m in methods.items():
+        if m["identical_to_plain"] is None:
+            same = "-"
+        elif m["identical_to_plain"]:
+            same = "yes"
+        else:
+            first = m["mismatches"][0]
+            same = (f"no: {len(m['mismatches'])} call(s), first at "
+                    f"{first['call']}:{first['position']}")
+        speedup = "-" if m["speedup"] is None else f"{m['speedup']:.3f}"
+        t.add_row(name, f"{m['tokens_per_s']:.2f}", speedup, f"{m['al']:.3f}",
+                  f"{m['rejected_per_token']:.3f}", str(m["output_tokens"]),
+                  f"{m['seconds']:.1f}", same)
+    return t
 
 
 def write_json(report: dict, path: str | Path) -> None:

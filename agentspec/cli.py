@@ -49,12 +49,14 @@ def bench(
     traces: List[Path] = typer.Option(..., "--traces", help="Trace files (agentspec.trace/1, "
                                       ".jsonl or .jsonl.gz); more files may follow the first."),
     backend: str = typer.Option("replay", help="Engine: [b]replay[/] (oracle verification of "
-                                "recorded outputs) or [b]mlx[/] (a real model generates every "
-                                "call with every method)."),
+                                "recorded outputs), [b]mlx[/] or [b]vllm[/] (a real model "
+                                "generates every call with every method)."),
     sessions: Optional[int] = typer.Option(None, help="Sample this many sessions (default: all)."),
     seed: int = typer.Option(0, help="Seed of the session sample."),
     methods: str = typer.Option("plain,ngram,suffix", help="Comma-separated methods."),
-    batch: int = typer.Option(1, min=1, help="Sessions replayed concurrently in lockstep."),
+    batch: str = typer.Option("1", help="Sessions run concurrently (replay: in lockstep). "
+                              "vllm: comma-separated sizes, one report each; --json and --plot "
+                              "then write FILE.bN.json / FILE.bN.png per size."),
     model: Optional[str] = typer.Option(None, help="Tokenizer's model: embedded name, local "
                                         "folder or hub id (default: smollm2-135m)."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write the report here "
@@ -75,11 +77,13 @@ def bench(
                                          "used for Kmax and the global corpus G."),
     split: bool = typer.Option(True, help="Split sessions by task: measure on one half, "
                                "profile Kmax and build G on the other."),
-    max_tokens: int = typer.Option(128, min=1, help="mlx: most tokens generated per call."),
-    max_prompt_tokens: Optional[int] = typer.Option(None, min=2, help="mlx: keep only the "
-                                                    "last N tokens of longer prompts."),
-    dtype: str = typer.Option("float32", help="mlx: weights as keep, float16 or float32 "
-                              "(Linux CPU: float32 is the fast one)."),
+    max_tokens: int = typer.Option(128, min=1, help="mlx, vllm: most tokens generated per "
+                                   "call."),
+    max_prompt_tokens: Optional[int] = typer.Option(None, min=2, help="mlx, vllm: keep only "
+                                                    "the last N tokens of longer prompts."),
+    dtype: Optional[str] = typer.Option(None, help="mlx: weights as keep, float16 or float32 "
+                                        "(default float32, the fast one on a Linux CPU); vllm: "
+                                        "its --dtype (default float32 on CPU, else bfloat16)."),
 ) -> None:
     """Replay recorded agent sessions with each drafting method and compare them.
 
@@ -94,10 +98,12 @@ def bench(
       agentspec bench --traces a.jsonl.gz b.jsonl.gz --methods plain,suffix --json r.json --plot r.png
 
       agentspec bench --traces a.jsonl.gz --methods plain,suffix,full --batch 16 --lambda 0.5
+
+      agentspec bench --backend vllm --traces a.jsonl.gz --sessions 4 --batch 1,16 --methods plain,ngram,suffix,full --max-prompt-tokens 4096 --json r.json
     """
     from agentspec.backends.models import resolve
-    from agentspec.bench import (BenchError, BenchSetup, parse_methods, pick_sessions,
-                                 run_replay_bench, split_by_task)
+    from agentspec.bench import (BenchError, BenchSetup, parse_batches, parse_methods,
+                                 pick_sessions, run_replay_bench, split_by_task)
     from agentspec.controller import load_kmax
     from agentspec.costs import load_profile
     from agentspec.kmax import profile_kmax
@@ -110,11 +116,15 @@ def bench(
     if any(a.startswith("-") for a in extra):
         fail(f"unknown option {next(a for a in extra if a.startswith('-'))}")
     traces = list(traces) + [Path(a) for a in extra]
-    if backend not in ("replay", "mlx"):
-        fail(f"backend {backend!r} is not available; this build has: replay, mlx")
+    if backend not in ("replay", "mlx", "vllm"):
+        fail(f"backend {backend!r} is not available; this build has: replay, mlx, vllm")
     try:
         names = parse_methods(methods)
+        sizes = parse_batches(batch)
+        if len(sizes) > 1 and backend != "vllm":
+            raise BenchError("--batch takes several sizes only with --backend vllm")
         if backend == "mlx":
+            dtype = dtype or "float32"
             from agentspec.backends.mlx import ensure_blas_or_reexec
             from agentspec.backends.mlx_probe import default_profile
 
@@ -140,7 +150,7 @@ def bench(
             tokenized = tokenize_sessions(chosen, tok)
             held_tok = tokenize_sessions(held[:profile_sessions], tok)
         setup = BenchSetup(tokenizer=tok, profile=profile, token_bytes=token_bytes(tok.tokenizer),
-                           lam=lam if lam is not None else (profile.lam(batch) if profile
+                           lam=lam if lam is not None else (profile.lam(sizes[0]) if profile
                                                             else 0.2),
                            global_seed=[c.output for s in held_tok for c in s.calls])
         if table is None and held_tok and {"agspec", "full"} & set(names):
@@ -156,6 +166,26 @@ def bench(
                    max_prompt_tokens=max_prompt_tokens, traces=[str(t) for t in traces],
                    json_out=json_out, plot_out=plot_out)
         return
+    if backend == "vllm":
+        from agentspec.backends.vllm_bench import VLLMError, run_cli as run_vllm
+        from agentspec.bench import measured_table
+
+        try:
+            results = run_vllm(tokenized, names, setup, model=model, dtype=dtype,
+                               batches=sizes, max_tokens=max_tokens,
+                               max_prompt_tokens=max_prompt_tokens,
+                               traces=[str(t) for t in traces], console=console)
+        except (VLLMError, *_user_errors()) as e:
+            fail(str(e))
+
+        def per_size(path: Optional[Path], b: int) -> Optional[Path]:
+            return path.with_suffix(f".b{b}{path.suffix}") if path and len(sizes) > 1 else path
+
+        for r in results:
+            b = r.report["batch"]
+            _emit(r.report, per_size(json_out, b), per_size(plot_out, b),
+                  measured_table(r.report))
+        return
     total = sum(s.output_tokens for s in tokenized)
     with _progress() as bar:
         tasks = {}
@@ -165,7 +195,7 @@ def bench(
                 tasks[method] = bar.add_task(method, total=total)
             bar.advance(tasks[method], k)
 
-        result = run_replay_bench(tokenized, names, batch=batch, model=tok.name,
+        result = run_replay_bench(tokenized, names, batch=sizes[0], model=tok.name,
                                   traces=[str(t) for t in traces], setup=setup,
                                   progress=tick)
     _emit(result.report, json_out, plot_out)
@@ -188,7 +218,8 @@ def _emit(report: dict, json_out: Optional[Path], plot_out: Optional[Path], *ext
 
 def _bench_mlx(tokenized, names, setup, *, json_out, plot_out, **options) -> None:
     from agentspec.backends.mlx import MLXError
-    from agentspec.backends.mlx_bench import measured_table, run_cli
+    from agentspec.backends.mlx_bench import run_cli
+    from agentspec.bench import measured_table
 
     try:
         report = run_cli(tokenized, names, setup, console=console, **options).report
@@ -199,7 +230,8 @@ def _bench_mlx(tokenized, names, setup, *, json_out, plot_out, **options) -> Non
 
 @app.command("profile-lambda")
 def profile_lambda_cmd(
-    backend: str = typer.Option("mlx", help="Engine to profile: [b]mlx[/]."),
+    backend: str = typer.Option("mlx", help="Engine to profile: [b]mlx[/] (forward passes) or "
+                                "[b]vllm[/] (engine steps, in vLLM's Python)."),
     model: Optional[str] = typer.Option(None, help="Embedded name, local folder or hub id "
                                         "(default: smollm2-135m)."),
     batch: str = typer.Option("1,4,16", help="Comma-separated batch sizes."),
@@ -207,7 +239,9 @@ def profile_lambda_cmd(
                               "max-k + 1 tokens per row."),
     context: int = typer.Option(1024, min=1, help="Tokens already cached per row."),
     repeats: int = typer.Option(5, min=1, help="Timed passes per point (median)."),
-    dtype: str = typer.Option("float32", help="Weights as keep, float16 or float32."),
+    dtype: Optional[str] = typer.Option(None, help="mlx: weights as keep, float16 or float32 "
+                                        "(default float32); vllm: its --dtype (default "
+                                        "float32 on CPU, else bfloat16)."),
     out_path: Optional[Path] = typer.Option(None, "--out", help="Write the profile here "
                                             "(agentspec.cost/1); it is cached either way."),
     plot_out: Optional[Path] = typer.Option(None, "--plot", help="Save a PNG of step time "
@@ -218,16 +252,34 @@ def profile_lambda_cmd(
     Times forward passes of b rows x (k+1) tokens (k+1 = 1, 2, 3, 5, 9, 17, 33, ...) on a
     cache holding --context tokens per row; lambda(b) = slope / (t(b,1) / b).
 
-    [b]Example[/]: agentspec profile-lambda --backend mlx --batch 1,4 --out lambda.json --plot lambda.png
+    With [b]--backend vllm[/], times whole engine steps (verification of b x (k+1) tokens)
+    with a proposer that drafts k random tokens per row.
+
+    [b]Examples[/]
+
+      agentspec profile-lambda --backend mlx --batch 1,4 --out lambda.json --plot lambda.png
+
+      agentspec profile-lambda --backend vllm --batch 1,16,64 --out lambda-vllm.json
     """
-    if backend != "mlx":
-        fail(f"backend {backend!r} cannot be profiled here; this build has: mlx")
+    if backend not in ("mlx", "vllm"):
+        fail(f"backend {backend!r} cannot be profiled here; this build has: mlx, vllm")
+    if backend == "vllm":
+        from agentspec.backends.vllm_bench import VLLMError
+        from agentspec.backends.vllm_probe import run_cli as run_vllm_probe
+
+        try:
+            run_vllm_probe(model, dtype, batch, max_k, context, repeats, out_path, plot_out,
+                           console, out)
+        except (VLLMError, *_user_errors()) as e:
+            fail(str(e))
+        return
     from agentspec.backends.mlx import MLXError, ensure_blas_or_reexec
     from agentspec.backends.mlx_probe import run_cli
 
     ensure_blas_or_reexec()
     try:
-        run_cli(model, dtype, batch, max_k, context, repeats, out_path, plot_out, console, out)
+        run_cli(model, dtype or "float32", batch, max_k, context, repeats, out_path, plot_out,
+                console, out)
     except (MLXError, *_user_errors()) as e:
         fail(str(e))
 
@@ -440,9 +492,8 @@ def _run_agent(tasks, *, model, dtype, method, compare, max_turns, max_tokens, o
     from agentspec.agents.agent import run_task
     from agentspec.agents.llm import CallStats, EngineLLM
     from agentspec.backends import mlx as engine
-    from agentspec.backends.mlx_bench import methods_table
     from agentspec.backends.mlx_probe import default_profile
-    from agentspec.bench import BenchSetup
+    from agentspec.bench import BenchSetup, methods_table
     from agentspec.costs import load_profile
     from agentspec.structure import token_bytes
     from agentspec.tokens import ChatTokenizer
@@ -463,11 +514,12 @@ def _run_agent(tasks, *, model, dtype, method, compare, max_turns, max_tokens, o
         spent.setdefault(c.session, [0, 0.0])
         spent[c.session][0] += c.tokens
         spent[c.session][1] += c.seconds
-        line = (f"  turn {c.turn} {c.role:<8} {c.tokens:4d} tokens  "
-                f"{c.tokens / c.seconds if c.seconds else 0:6.1f} tok/s  AL {c.al:4.2f}")
+        rate = c.tokens / c.seconds if c.seconds else 0.0
+        line = f"  {c.turn}:{c.role:<8} {c.tokens:4d} tok {rate:6.1f} tok/s AL {c.al:5.2f}"
         if c.plain_seconds is not None:
-            line += (f"  plain {c.tokens / c.plain_seconds if c.plain_seconds else 0:6.1f} "
-                     f"tok/s  {'identical' if c.identical else '[red]DIFFERENT[/]'}")
+            plain = c.tokens / c.plain_seconds if c.plain_seconds else 0.0
+            same = "identical" if c.identical else "[red]DIFFERENT[/]"
+            line += f"  plain {plain:6.1f} tok/s {same}"
         console.print(line, highlight=False)
 
     llm = EngineLLM(eng, method, setup, compare=compare, max_tokens=max_tokens, on_call=show)

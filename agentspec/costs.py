@@ -7,14 +7,19 @@ costs more than it saves.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
+import os
+import platform
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 FORMAT = "agentspec.cost/1"
+TOKENS_PER_ROW = (1, 2, 3, 5, 9, 17, 33, 65, 129, 257)
 
 
 class CostProfileError(ValueError):
@@ -118,3 +123,103 @@ def load_profile(path: str | Path) -> CostProfile:
                        machine=str(obj.get("machine", "")), created=str(obj.get("created", "")),
                        context_tokens=int(obj.get("context_tokens", 0) or 0),
                        extra={k: v for k, v in obj.items() if k not in known})
+
+
+def tokens_per_row(max_k: int) -> list[int]:
+    """1, 2, 3, 5, 9, 17, 33, ... up to max_k + 1 (always ending on it)."""
+    points = [n for n in TOKENS_PER_ROW if n <= max_k + 1]
+    if points[-1] != max_k + 1:
+        points.append(max_k + 1)
+    return points
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine(engine: str) -> str:
+    """A readable description of this machine and of the engine doing the math."""
+    return (f"{platform.machine()} {platform.system()}, {os.cpu_count()} cores, "
+            f"{_cpu_name()}, {engine}")
+
+
+def model_key(model: str | None) -> str:
+    """A file-name-safe key for what the user typed as --model."""
+    from agentspec.backends.models import DEFAULT_MODEL, EMBEDDED
+
+    model = model or DEFAULT_MODEL
+    if model in EMBEDDED:
+        return model
+    path = Path(model).expanduser()
+    if path.is_dir():
+        digest = hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:8]
+        return f"{re.sub(r'[^A-Za-z0-9._-]', '_', path.resolve().name)}-{digest}"
+    return re.sub(r"[^A-Za-z0-9._-]", "_", model.replace("/", "--"))
+
+
+def profile_path(backend: str, model: str | None, dtype: str, machine: str) -> Path:
+    """Where profiles are kept per backend, model, dtype and machine description."""
+    from agentspec.backends.models import home
+
+    digest = hashlib.sha1(machine.encode()).hexdigest()[:10]
+    return home() / "profiles" / f"{backend}-{model_key(model)}-{dtype}-{digest}.json"
+
+
+def plot_profile(prof: CostProfile, path: str | Path) -> None:
+    """Step time against tokens per row, one line per batch size, lambda in the legend."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for b, c in sorted(prof.batches.items()):
+        ax.plot(c.tokens_per_row, [s * 1e3 for s in c.seconds], marker="o",
+                label=f"b={b}  λ={c.lam:.3f}")
+    ax.set_xlabel("tokens per row (k + 1)")
+    ax.set_ylabel("step (ms)")
+    ax.set_title(f"{prof.backend} · {prof.model} {prof.dtype}, {prof.context_tokens} cached "
+                 f"tokens", fontsize=9)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def profile_table(prof: CostProfile):
+    """The profile as a rich table: milliseconds per point, lambda per batch size."""
+    from rich.table import Table
+
+    points = next(iter(prof.batches.values())).tokens_per_row
+    t = Table(title=f"λ profile · {prof.backend} · {prof.model} {prof.dtype} · "
+              f"{prof.context_tokens} cached tokens · {prof.machine}")
+    t.add_column("batch", justify="right")
+    for n in points:
+        t.add_column(f"{n} tok (ms)", justify="right")
+    t.add_column("λ(b)", justify="right")
+    for b, c in sorted(prof.batches.items()):
+        t.add_row(str(b), *[f"{s * 1e3:.1f}" for s in c.seconds], f"{c.lam:.4f}")
+    return t
+
+
+def publish(prof: CostProfile, cached: Path, out: Path | None, plot_out: Path | None,
+            console, stdout, note: str = "") -> None:
+    """Show a just-measured profile, keep it in the cache, and write --out and --plot."""
+    stdout.print(profile_table(prof))
+    prof.save(cached)
+    if out:
+        prof.save(out)
+        console.print(f"wrote {out}")
+    console.print(f"cached as {cached}" + (f" ({note})" if note else ""))
+    if plot_out:
+        plot_profile(prof, plot_out)
+        console.print(f"wrote {plot_out}")

@@ -16,27 +16,22 @@ generation does not reach G or past-response trees as a finished output.
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from time import perf_counter
 from typing import Callable, Sequence
 
 from agentspec.backends import mlx as engine  # loads OpenBLAS before MLX
-from agentspec.bench import BENCH_FORMAT, BenchResult, BenchSetup, make_drafter
+from agentspec.bench import (BENCH_FORMAT, BenchResult, BenchSetup, MeasuredRun, make_drafter,
+                             method_entry)
 from agentspec.drafter import Drafter, Request
-from agentspec.metrics import DEFAULT_LAMBDAS, Meter
 from agentspec.tokens import TokenizedSession
 
 
 @dataclass
-class MethodRun:
+class MethodRun(MeasuredRun):
     """One method's drafter and what it generated, call by call."""
 
-    name: str
-    drafter: Drafter | None  # None: mlx-lm's plain generation
-    meter: Meter = field(default_factory=Meter)
-    seconds: float = 0.0
-    tokens: int = 0
-    outputs: dict[str, list[int]] = field(default_factory=dict)
+    drafter: Drafter | None = None  # None: mlx-lm's plain generation
 
     def add(self, key: str, role: str, gen: "engine.Generation") -> None:
         self.outputs[key] = gen.tokens
@@ -50,7 +45,7 @@ class MethodRun:
 
 def method_runs(names: Sequence[str], setup: BenchSetup) -> list[MethodRun]:
     """`plain` first (mlx-lm's generation), then each other method with its drafter."""
-    return [MethodRun(name, None if name == "plain" else make_drafter(name, setup))
+    return [MethodRun(name, drafter=None if name == "plain" else make_drafter(name, setup))
             for name in dict.fromkeys(["plain", *names])]
 
 
@@ -60,13 +55,6 @@ def _finish_recorded(d: Drafter, s: TokenizedSession, index: int, prompt: list[i
     d.start(rec)
     rec.tokens.extend(s.calls[index].output)
     d.finish(rec)
-
-
-def _first_difference(a: list[int], b: list[int]) -> int | None:
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
 
 
 def run_mlx_bench(sessions: Sequence[TokenizedSession], methods: Sequence[str], *,
@@ -156,62 +144,6 @@ def generate_call(eng: "engine.Engine", runs: Sequence[MethodRun], prompt: list[
         if progress:
             progress(run.name, len(gen.tokens))
     return prefill_s, gens
-
-
-def method_entry(run: MethodRun, plain: MethodRun | None, setup: BenchSetup) -> dict:
-    """The bench-json entry of a run, with what only a real backend measures.
-
-    Without a plain run to compare with, speedup and identity are null and modeled
-    speedups count one plain step per output token.
-    """
-    reference = plain.meter if plain else Meter.plain(run.meter.total.output_tokens)
-    entry = run.meter.report(reference, DEFAULT_LAMBDAS, setup.profile)
-    entry["tokens_per_s"] = round(run.tokens / run.seconds, 3) if run.seconds else 0.0
-    entry["rejected"] = run.meter.total.drafted - run.meter.total.accepted
-    entry["seconds"] = round(run.seconds, 3)
-    if plain is None:
-        return entry
-    mismatches = []
-    for key, ref in plain.outputs.items():
-        pos = _first_difference(run.outputs.get(key, []), ref)
-        if pos is not None:
-            mismatches.append({"call": key, "position": pos})
-    plain_tps = plain.tokens / plain.seconds if plain.seconds else 0.0
-    entry["speedup"] = round(entry["tokens_per_s"] / plain_tps, 4) if plain_tps else None
-    entry["identical_to_plain"] = not mismatches
-    entry["mismatches"] = mismatches
-    return entry
-
-
-def measured_table(report: dict):
-    """What a real backend measured: tokens/s, speedup, identical outputs."""
-    return methods_table(report["methods"],
-                         f"measured · {report['model']} {report.get('dtype', '')} · "
-                         f"{report['calls']} calls · max {report.get('max_tokens')} tokens")
-
-
-def methods_table(methods: dict, title: str):
-    """A table of bench-json method entries measured on a real model."""
-    from rich.table import Table
-
-    t = Table(title=title)
-    for col in ("method", "tokens/s", "speedup", "AL", "rejected/tok", "out tokens",
-                "seconds", "identical"):
-        t.add_column(col, justify="left" if col == "method" else "right")
-    for name, m in methods.items():
-        if m["identical_to_plain"] is None:
-            same = "-"
-        elif m["identical_to_plain"]:
-            same = "yes"
-        else:
-            first = m["mismatches"][0]
-            same = (f"no: {len(m['mismatches'])} call(s), first at "
-                    f"{first['call']}:{first['position']}")
-        speedup = "-" if m["speedup"] is None else f"{m['speedup']:.3f}"
-        t.add_row(name, f"{m['tokens_per_s']:.2f}", speedup, f"{m['al']:.3f}",
-                  f"{m['rejected_per_token']:.3f}", str(m["output_tokens"]),
-                  f"{m['seconds']:.1f}", same)
-    return t
 
 
 def run_cli(tokenized: Sequence[TokenizedSession], names: Sequence[str], setup: BenchSetup, *,

@@ -21,8 +21,18 @@ Per-request metadata, as flat `vllm_xargs` keys (all optional):
     agentspec_agent      agent id            agentspec_query   query id
     agentspec_role       role (default "agent")
     agentspec_structure  delimiter pairs as a JSON string, e.g. '[["```", "```"]]'
-A bad value is ignored for that request only, with a warning. With AGENTSPEC_VLLM_STATS set
-to a file path, the drafter's counts are written there as JSON after every finished request.
+    agentspec_files      workspace files opened before this call, as a JSON string
+                         {"path": "full text"}; each joins the session's W corpus once
+A bad value is ignored for that request only, with a warning.
+
+Environment of the engine process:
+    AGENTSPEC_VLLM_METHOD   the ladder rung to run (agentspec.policy.ladder), default "full"
+    AGENTSPEC_VLLM_SETUP    a JSON file of what the rung may know beyond its requests:
+                            {"lambda": 0.2, "cost_profile": PATH, "kmax": PATH,
+                             "global_seed": [[token ids of past outputs], ...]} (all optional)
+    AGENTSPEC_MAX_SESSIONS  sessions kept (default 64); the least recently used one without a
+                            running request is dropped first
+    AGENTSPEC_VLLM_STATS    a file path: the drafter's counts, rewritten as JSON per finish
 
 This module imports vllm lazily (only `register` needs it), agentspec.policy (numba) only
 when a proposer is built, and never torch.
@@ -34,10 +44,11 @@ import json
 import logging
 import os
 import time
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Sequence
 
-from agentspec.drafter import PROMPT, Request
+from agentspec.drafter import FILE, PROMPT, Request
 from agentspec.structure import StructureError, parse_structure, token_bytes
 
 # agentspec.policy is imported only when a proposer is built: it loads numba, and vLLM's CPU
@@ -48,7 +59,10 @@ log = logging.getLogger("agentspec.vllm")
 
 PREFIX = "agentspec_"
 TEXT_KEYS = ("session", "agent", "query", "role")
-STATS_ENV = "AGENTSPEC_VLLM_STATS"  # a file path: the drafter's counts, rewritten per finish
+STATS_ENV = "AGENTSPEC_VLLM_STATS"
+METHOD_ENV = "AGENTSPEC_VLLM_METHOD"
+SETUP_ENV = "AGENTSPEC_VLLM_SETUP"
+MAX_SESSIONS_ENV = "AGENTSPEC_MAX_SESSIONS"
 
 
 def request_meta(req_id: str, extra_args: dict | None) -> tuple[dict, list[str]]:
@@ -76,6 +90,39 @@ def request_meta(req_id: str, extra_args: dict | None) -> tuple[dict, list[str]]
     return fields, [f"request {req_id}: {p}" for p in problems]
 
 
+def request_files(req_id: str, extra_args: dict | None) -> tuple[dict[str, str], list[str]]:
+    """`agentspec_files` of `extra_args` as {path: text}: (files, warnings)."""
+    value = (extra_args or {}).get(PREFIX + "files")
+    if value is None:
+        return {}, []
+    try:
+        files = json.loads(value) if isinstance(value, str) else None
+        if not (isinstance(files, dict)
+                and all(isinstance(t, str) for t in files.values())):
+            raise ValueError("not a JSON object of path: text")
+    except ValueError as e:
+        return {}, [f"request {req_id}: {PREFIX}files ignored: {e}"]
+    return files, []
+
+
+def load_setup(path: str | None, tok):
+    """A BenchSetup from the AGENTSPEC_VLLM_SETUP file (see the module docstring)."""
+    from agentspec.bench import BenchSetup
+    from agentspec.controller import load_kmax
+    from agentspec.costs import load_profile
+    from agentspec.tokens import PLAIN, ChatTokenizer
+
+    setup = BenchSetup(tokenizer=ChatTokenizer(tok, PLAIN) if tok else None,
+                       token_bytes=token_bytes(tok) if tok else None)
+    if path:
+        given = json.loads(Path(path).read_text())
+        setup.lam = float(given.get("lambda", setup.lam))
+        setup.profile = load_profile(given["cost_profile"]) if given.get("cost_profile") else None
+        setup.kmax = load_kmax(given["kmax"]) if given.get("kmax") else None
+        setup.global_seed = given.get("global_seed") or []
+    return setup
+
+
 def _tokenizer(path: str | None):
     """The model's `tokenizers.Tokenizer` when its folder has tokenizer.json, else None."""
     if not path or not (Path(path) / "tokenizer.json").is_file():
@@ -94,25 +141,29 @@ def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 
 
 class AgentspecProposer:
-    """Drives `agentspec.policy.Policy` (the "full" rung) from vLLM's model runner."""
+    """Drives `agentspec.policy.Policy` (the rung $AGENTSPEC_VLLM_METHOD, default "full")
+    from vLLM's model runner."""
 
     def __init__(self, vllm_config, policy=None):
-        from agentspec.policy import Policy, ladder
+        from agentspec.bench import make_drafter
+        from agentspec.policy import ladder
 
         register()
         spec = vllm_config.speculative_config
         model = vllm_config.model_config
         self.k = int(spec.num_speculative_tokens)
         self.max_model_len = int(model.max_model_len)
-        if policy is None:
-            tok = _tokenizer(getattr(model, "tokenizer", None) or model.model)
-            policy = Policy(ladder()["full"],
-                            encode=(lambda s: tok.encode(s, add_special_tokens=False).ids)
-                            if tok else None,
-                            decode=(lambda ids: tok.decode(ids, skip_special_tokens=False))
-                            if tok else None,
-                            token_bytes=token_bytes(tok) if tok else None)
-        self.policy = policy
+        rung = os.environ.get(METHOD_ENV) or "full"
+        if rung not in ladder():
+            raise ValueError(f"{METHOD_ENV}={rung!r} is not a ladder rung; choose from "
+                             f"{', '.join(ladder())}")
+        setup = load_setup(os.environ.get(SETUP_ENV),
+                           _tokenizer(getattr(model, "tokenizer", None) or model.model))
+        self.encode = setup.tokenizer.encode if setup.tokenizer else None
+        self.policy = policy if policy is not None else make_drafter(rung, setup)
+        self.max_sessions = int(os.environ.get(MAX_SESSIONS_ENV) or 64)
+        self.recent: OrderedDict[str, None] = OrderedDict()  # sessions, least recent first
+        self.files_seen: dict[str, set[tuple[str, int]]] = {}  # session -> (path, hash(text))
         self.runner = None  # set by the hook around propose_draft_token_ids
         self.scheduled: dict[str, list[int]] = {}  # drafts vLLM verified this step
         self.requests: dict[str, Request] = {}
@@ -179,8 +230,7 @@ class AgentspecProposer:
         self.policy.finish(req)
         self.stats["finished"] += 1
         if req.session == f"request:{req.id}":  # a session of its own: nothing will reuse it
-            self.policy.drop_session(req.session)
-            self.last_prompt.pop(req.session, None)
+            self._forget(req.session)
         path = os.environ.get(STATS_ENV)
         if path:  # the drafter runs in vLLM's engine process: tests read its counts here
             Path(path).write_text(json.dumps(self.stats))
@@ -207,13 +257,16 @@ class AgentspecProposer:
     def _start(self, req_id: str, row, n: int) -> Request:
         state = self.runner.requests.get(req_id)
         params = getattr(state, "sampling_params", None)
-        fields, problems = request_meta(req_id, getattr(params, "extra_args", None))
-        for p in problems:
+        extra_args = getattr(params, "extra_args", None)
+        fields, problems = request_meta(req_id, extra_args)
+        files, bad_files = request_files(req_id, extra_args)
+        for p in problems + bad_files:
             log.warning("agentspec: %s", p)
         prompt = list(getattr(state, "prompt_token_ids", None) or [])
         num_prompt = len(prompt) if 0 < len(prompt) <= n else max(0, n - 1)
         req = Request(id=req_id, tokens=[int(t) for t in row[:n]], num_prompt=num_prompt,
                       **fields)
+        self._register_files(req, files)
         prompt = req.tokens[:num_prompt]
         # calls of one session repeat their history: register only what is new
         seen = self.last_prompt.get(req.session, [])
@@ -224,7 +277,38 @@ class AgentspecProposer:
         self.policy.start(req)
         self.requests[req_id] = req
         self.stats["started"] += 1
+        self._keep_recent(req.session)
         return req
+
+    def _register_files(self, req: Request, files: dict[str, str]) -> None:
+        if not files:
+            return
+        if self.encode is None:
+            log.warning("agentspec: request %s: %sfiles ignored: the model folder has no "
+                        "tokenizer.json", req.id, PREFIX)
+            return
+        seen = self.files_seen.setdefault(req.session, set())
+        for path, text in files.items():
+            if (path, hash(text)) not in seen:
+                seen.add((path, hash(text)))
+                self.policy.register(req.session, FILE, self.encode(text), path)
+
+    def _keep_recent(self, session: str) -> None:
+        """Mark `session` used; past the limit, drop the least recently used idle ones."""
+        self.recent[session] = None
+        self.recent.move_to_end(session)
+        if len(self.recent) <= self.max_sessions:
+            return
+        busy = {r.session for r in self.requests.values()}
+        for old in [s for s in self.recent if s not in busy]:
+            if len(self.recent) <= self.max_sessions:
+                break
+            self._forget(old)
+
+    def _forget(self, session: str) -> None:
+        self.policy.drop_session(session)
+        for state in (self.recent, self.last_prompt, self.files_seen):
+            state.pop(session, None)
 
     def _flush_warnings(self) -> None:
         while self.policy.warnings:

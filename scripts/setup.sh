@@ -64,6 +64,18 @@ if [ "$(uname -s)-$(uname -m)" = Linux-x86_64 ] && [ -z "${AGENTSPEC_SKIP_VLLM:-
   .venv-vllm/bin/pip install -q -e . --no-deps
 fi
 
+# vLLM's `suffix` method imports arctic-inference: .venv-vllm gets the same build as .venv
+# (a wheel made there with the same Python; the suffix-tree extension does not link torch)
+if [ -x .venv-vllm/bin/python ] \
+    && ! .venv-vllm/bin/python -c "import arctic_inference.suffix_decoding" 2>/dev/null; then
+  echo "[setup] installing arctic-inference 0.3.0 into .venv-vllm"
+  wheels=$(mktemp -d)
+  PATH="$PWD/$VENV/bin:$PATH" CMAKE_ARGS="-DPython_EXECUTABLE=$PWD/$VENV/bin/python" \
+    "$PIP" wheel -q --no-build-isolation --no-deps -w "$wheels" "arctic-inference==0.3.0"
+  .venv-vllm/bin/pip install -q --no-deps "$wheels"/arctic_inference-*.whl
+  rm -rf "$wheels"
+fi
+
 echo "[setup] installing agentspec[$extras]"
 # arctic-inference is already built above; pip sees it as satisfied
 "$PIP" install -q -e ".[$extras]"

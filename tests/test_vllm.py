@@ -1,10 +1,12 @@
-"""agentspec's vLLM drafter (`agentspec.backends.vllm_drafter`).
+"""agentspec's vLLM drafter, bench and cost probe (`agentspec.backends.vllm_*`).
 
-Fast tests drive `AgentspecProposer` with a fake runner, without vLLM. The `vllm` test runs
-this file as a script with the Python of a separate vLLM environment
-($AGENTSPEC_VLLM_PYTHON, default .venv-vllm/bin/python, made by scripts/setup.sh): the same prompts with plain
-greedy decoding and with the proposer, each in its own process, on the embedded model; the
-outputs must be equal and vLLM's spec-decode counters must show accepted drafts.
+Fast tests drive `AgentspecProposer` with a fake runner and the bench's bookkeeping, without
+vLLM. The `vllm` tests need the Python of a separate vLLM environment ($AGENTSPEC_VLLM_PYTHON,
+default .venv-vllm/bin/python, made by scripts/setup.sh). One runs this file as a script
+there: the same prompts with plain greedy decoding and with the proposer, each in its own
+process, on the embedded model; the outputs must be equal and vLLM's spec-decode counters
+must show accepted drafts. The others run `agentspec bench --backend vllm` and
+`agentspec profile-lambda --backend vllm` on small settings.
 
     .venv-vllm/bin/python tests/test_vllm.py            # both runs, compare
     .venv-vllm/bin/python tests/test_vllm.py agentspec  # one run, one JSON line
@@ -111,14 +113,16 @@ from types import SimpleNamespace as NS  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
+from conftest import CORPUS  # noqa: E402
+
 A = list(range(5, 17))
 
 
-def _proposer(k: int = 4, max_model_len: int = 200):
+def _proposer(k: int = 4, max_model_len: int = 200, tokenizer: Path | None = None):
     from agentspec.backends.vllm_drafter import AgentspecProposer
 
     config = NS(speculative_config=NS(num_speculative_tokens=k),
-                model_config=NS(max_model_len=max_model_len, tokenizer=None, model=None))
+                model_config=NS(max_model_len=max_model_len, tokenizer=tokenizer, model=None))
     return AgentspecProposer(config)
 
 
@@ -210,9 +214,144 @@ def test_drafts_respect_k_and_max_model_len():
     assert len(drafts["r"]) <= len(A) * 2 + 6 - len(runner.tokens["r"]) - 1
 
 
-@pytest.mark.vllm
-@pytest.mark.slow
-def test_vllm_custom_class_is_lossless():
+def test_request_files_reads_a_json_object_of_texts():
+    from agentspec.backends.vllm_drafter import request_files
+
+    files = {"src/a.py": "x = 1\n", "b.txt": ""}
+    assert request_files("r", {"agentspec_files": json.dumps(files)}) == (files, [])
+    assert request_files("r", {}) == ({}, []) and request_files("r", None) == ({}, [])
+    for bad in ("{not json", json.dumps(["a.py"]), json.dumps({"a.py": 3}), {"a.py": "x"}):
+        files, problems = request_files("r", {"agentspec_files": bad})
+        assert files == {} and problems[0].startswith("request r: agentspec_files ignored")
+
+
+def test_opened_files_join_w_once_and_drafts_copy_them(tiny_model_dir):
+    from agentspec.drafter import FILE
+
+    p = _proposer(k=4, tokenizer=tiny_model_dir)
+    registered = []
+    register = p.policy.register
+    p.policy.register = lambda sid, kind, tokens, path="": (
+        registered.append((sid, kind, path)), register(sid, kind, tokens, path))
+    text = CORPUS[2] + CORPUS[0] + CORPUS[1]
+    f = p.encode(text)
+    runner = FakeRunner()
+    files = json.dumps({"src/calc.py": text})
+    runner.add("r1", [1, 2, 3] + f[:6], {"agentspec_session": "s", "agentspec_files": files})
+    runner.add("r2", [1, 2, 3] + f[:6], {"agentspec_session": "t"})  # no file: nothing to copy
+    drafts = runner.step(p, {"r1": [f[6]], "r2": [f[6]]}, {})
+    assert drafts["r1"] == f[7:11] and drafts["r2"] == []
+    runner.add("r3", [4], {"agentspec_session": "s", "agentspec_files": files})  # seen: skip
+    runner.add("r4", [4], {"agentspec_session": "s",
+                           "agentspec_files": json.dumps({"src/calc.py": text + "#\n"})})
+    runner.step(p, {"r3": [5], "r4": [5]}, {})
+    assert [r for r in registered if r[1] == FILE] == [("s", FILE, "src/calc.py")] * 2
+
+
+def test_sessions_past_the_limit_drop_the_least_recent_idle_one(monkeypatch):
+    monkeypatch.setenv("AGENTSPEC_MAX_SESSIONS", "2")
+    p = _proposer()
+    runner = FakeRunner()
+
+    def start(rid: str, session: str) -> None:
+        runner.add(rid, A, {"agentspec_session": session})
+        runner.step(p, {rid: [A[0]]}, {})
+
+    start("a1", "a")
+    start("b1", "b")
+    p.finish("b1", runner.requests["b1"])
+    start("c1", "c")  # three sessions: b is idle and older than c; a is still running
+    assert set(p.policy.sessions) == {"a", "c"} and list(p.recent) == ["a", "c"]
+    p.finish("a1", runner.requests["a1"])
+    start("c2", "c")  # used again: now the most recent
+    start("d1", "d")
+    assert set(p.policy.sessions) == {"c", "d"} and set(p.last_prompt) == {"c", "d"}
+
+
+def test_the_rung_and_its_setup_come_from_the_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("AGENTSPEC_VLLM_METHOD", "session")
+    assert _proposer().policy.name == "session"
+    monkeypatch.setenv("AGENTSPEC_VLLM_METHOD", "nope")
+    with pytest.raises(ValueError, match="'nope' is not a ladder rung"):
+        _proposer()
+    monkeypatch.setenv("AGENTSPEC_VLLM_METHOD", "full")
+    setup = tmp_path / "setup.json"
+    setup.write_text(json.dumps({"lambda": 0.5, "global_seed": [A, A]}))
+    monkeypatch.setenv("AGENTSPEC_VLLM_SETUP", str(setup))
+    p = _proposer()
+    assert p.policy.config.lam == 0.5 and len(p.policy.g) >= 2 * len(A)
+
+
+# --- bench bookkeeping (no vLLM) --------------------------------------------------------
+def _tokenized(tiny_model_dir, n: int = 2):
+    from agentspec.tokens import ChatTokenizer, tokenize_sessions
+    from agentspec.trace import parse_session
+    from conftest import session_obj
+
+    tok = ChatTokenizer.from_model(tiny_model_dir)
+    return tokenize_sessions([parse_session(session_obj(f"s{i}")) for i in range(n)], tok)
+
+
+def test_bench_jobs_carry_metadata_files_and_cut_prompts(tiny_model_dir):
+    from agentspec.backends.vllm_bench import job_sessions, speculative_config
+    from agentspec.backends.vllm_drafter import request_files, request_meta
+
+    sessions = _tokenized(tiny_model_dir)
+    jobs = job_sessions(sessions, max_prompt_tokens=10)
+    assert [[c["key"] for c in calls] for calls in jobs] == [["s0#0", "s0#1"], ["s1#0", "s1#1"]]
+    first, second = jobs[0]
+    assert first["prompt"] == sessions[0].calls[0].prompt.tolist()[-10:]
+    fields, problems = request_meta("r", first["xargs"])
+    assert problems == [] and fields["session"] == "s0" and fields["role"] == "code"
+    assert fields["structure"] == (("```diff", "```"),) and fields["agent"] == "test"
+    assert request_files("r", first["xargs"])[0] == {"src/calc.py": CORPUS[0]}
+    assert "agentspec_files" not in second["xargs"]  # opened once, by the first call
+    assert speculative_config("plain") is None
+    assert speculative_config("ngram") == {"method": "ngram", "prompt_lookup_min": 2,
+                                           "prompt_lookup_max": 4, "num_speculative_tokens": 5}
+    assert speculative_config("full")["method"] == "custom_class"
+
+
+def test_a_worker_run_becomes_a_bench_entry():
+    from agentspec.backends.vllm_bench import measured_run
+    from agentspec.bench import BenchSetup, method_entry
+
+    roles = {"s#0": "code", "s#1": "review"}
+    plain = measured_run("plain", {"seconds": 4.0, "propose_s": 0.0, "spec": {},
+                                   "outputs": {"s#0": [1] * 10, "s#1": [2] * 6}}, roles, 2)
+    spec = measured_run("full", {"seconds": 2.0, "propose_s": 0.001,
+                                 "spec": {"s#0": (12, 6), "s#1": (0, 0)},
+                                 "outputs": {"s#0": [1] * 10, "s#1": [2, 2, 2, 3, 2, 2]}},
+                        roles, 2)
+    e = method_entry(spec, plain, BenchSetup())
+    assert e["tokens_per_s"] == 8.0 and e["speedup"] == 2.0
+    assert e["steps"] == 4 + 6 and e["al"] == 1.6 and e["rejected"] == 6
+    assert e["by_role"]["code"]["al"] == 2.5 and e["by_role"]["review"]["al"] == 1.0
+    # full batches of 2: plain 8 batch steps; full 5 batch steps plus 12 drafts at lambda/2
+    assert e["modeled_speedup"]["0.5"] == pytest.approx(8 / (5 + 0.5 * 12 / 2), abs=1e-4)
+    assert e["identical_to_plain"] is False
+    assert e["mismatches"] == [{"call": "s#1", "position": 3}]
+    assert e["overhead_us_per_step"] == 100.0
+
+
+def test_without_vllm_the_cli_says_how_to_get_it(tmp_path, monkeypatch, tiny_model_dir):
+    from typer.testing import CliRunner
+
+    from agentspec.cli import app
+    from conftest import session_obj, write_jsonl
+
+    monkeypatch.setenv("AGENTSPEC_VLLM_PYTHON", str(tmp_path / "no-python"))
+    trace = write_jsonl(tmp_path / "t.jsonl", [session_obj("a")])
+    r = CliRunner().invoke(app, ["bench", "--backend", "vllm", "--traces", str(trace),
+                                 "--no-split", "--model", str(tiny_model_dir)])
+    if "import vllm" not in r.output:  # this Python has vLLM itself: nothing to say
+        assert r.exit_code == 2 and "no Python with vLLM" in r.output, r.output
+        assert "scripts/setup.sh" in r.output
+    r = CliRunner().invoke(app, ["bench", "--traces", str(trace), "--batch", "1,2"])
+    assert r.exit_code == 2 and "only with --backend vllm" in r.output
+
+
+def _vllm_ready() -> None:
     # never skipped: a missing vLLM environment is a failed set-up
     assert Path(VLLM_PYTHON).exists(), (f"no vLLM environment at {VLLM_PYTHON}: run "
                                         f"scripts/setup.sh (or set AGENTSPEC_VLLM_PYTHON)")
@@ -220,6 +359,61 @@ def test_vllm_custom_class_is_lossless():
         from agentspec.backends.models import resolve
 
         resolve(None)  # pulls the embedded model on first use
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_vllm_bench_is_lossless_and_copies(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from agentspec.cli import app
+    from conftest import session_obj, write_jsonl
+
+    _vllm_ready()
+    monkeypatch.setenv("AGENTSPEC_VLLM_PYTHON", VLLM_PYTHON)
+    trace = write_jsonl(tmp_path / "t.jsonl", [session_obj(f"s{i}") for i in range(2)])
+    r = CliRunner().invoke(app, ["bench", "--backend", "vllm", "--traces", str(trace),
+                                 "--no-split", "--methods", "plain,ngram,full", "--batch",
+                                 "1,2", "--max-tokens", "32", "--json", str(tmp_path / "r.json")])
+    assert r.exit_code == 0, r.output
+    for b in (1, 2):
+        report = json.loads((tmp_path / f"r.b{b}.json").read_text())
+        assert report["format"] == "agentspec.bench/1" and report["backend"] == "vllm"
+        assert report["batch"] == b and list(report["methods"]) == ["plain", "ngram", "full"]
+        for name, m in report["methods"].items():
+            assert m["identical_to_plain"] is True, (name, b, m["mismatches"])
+            assert m["tokens_per_s"] > 0 and m["output_tokens"] > 0
+        full = report["methods"]["full"]
+        assert full["vllm_counters"]["vllm:spec_decode_num_accepted_tokens"] > 0
+        assert full["al"] > 1.0 and full["rejected"] == (
+            full["vllm_counters"]["vllm:spec_decode_num_draft_tokens"]
+            - full["vllm_counters"]["vllm:spec_decode_num_accepted_tokens"])
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_vllm_profile_lambda_writes_a_cost_profile(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from agentspec.cli import app
+    from agentspec.costs import load_profile
+
+    _vllm_ready()
+    monkeypatch.setenv("AGENTSPEC_VLLM_PYTHON", VLLM_PYTHON)
+    monkeypatch.setenv("AGENTSPEC_HOME", str(tmp_path / "home"))  # keep the cache clean
+    r = CliRunner().invoke(app, ["profile-lambda", "--backend", "vllm", "--batch", "1,2",
+                                 "--max-k", "2", "--context", "32", "--repeats", "2",
+                                 "--out", str(tmp_path / "p.json")])
+    assert r.exit_code == 0, r.output
+    prof = load_profile(tmp_path / "p.json")
+    assert prof.backend == "vllm" and sorted(prof.batches) == [1, 2]
+    assert prof.batches[2].tokens_per_row == [1, 2, 3] and "vLLM" in prof.machine
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_vllm_custom_class_is_lossless():
+    _vllm_ready()
     passed, text = _check(VLLM_PYTHON)
     print(text)
     assert all(passed.values()), text
