@@ -3,9 +3,9 @@
 Two allocators over the same per-request candidates:
 - `agentspec_lengths`: AgentSpec's Algorithm 2 as written (redundancy score g = c/n * p(n),
   budget floor(alpha / bz), L_i = max(|CT*_i|, B_t * g_i / sum g)).
-- `CostAware`: ours. It keeps, per role and match-length bucket, the online probability
-  p_k that the k-th draft token is accepted, and gives a request its k-th token only while
-  p_k >= lambda(b) * R. lambda(b) is the cost of verifying one more token at this batch size
+- `CostAware`: ours. It keeps, per role and source corpus, the online hazard that a copy of
+  length L continues, turns it into the probability p_k that the k-th draft token is
+  accepted, and gives a request its k-th token only while p_k >= lambda(b) * R. lambda(b) is the cost of verifying one more token at this batch size
   in units of one plain decoding token (shared/spec/cost-profile.md); R is the running
   speedup (tokens per unit of modeled cost). A draft token costs lambda(b) and yields p_k
   tokens, each worth 1/R of cost at the current rate: it pays only if p_k / lambda(b) > R.
@@ -37,25 +37,46 @@ def agentspec_lengths(cands: Sequence[tuple[int, int, int] | None], alpha: float
             for c, gi in zip(cands, g)]
 
 
-def match_bucket(m: int) -> int:
-    """Match-length buckets 1-2, 3-4, 5-8, ..., 129-256, 257+ (a followed copy's match keeps
-    growing: long copies get buckets of their own)."""
-    return min(8, max(0, (m - 1).bit_length() - 1))
+COPY_BINS = 64
+
+
+def copy_bin(length: int) -> int:
+    """Bin of a copy length L >= 1: one per length up to 32, then four per doubling (a
+    followed copy keeps growing past the longest match: up to ~2**12 tokens get bins)."""
+    if length <= 32:
+        return max(length, 1) - 1
+    return min(COPY_BINS - 1, 32 + int(4 * math.log2(length / 32)))
+
+
+def hazard_counts(runs: Sequence[tuple[int, int]], max_k: int) -> tuple[np.ndarray, np.ndarray]:
+    """(trials, hits) per copy-length bin from (match length m, R) pairs, where R is how far
+    a max_k-token draft after a match of length m matched: the j-th draft token continues a
+    copy of length m + j, and it was reached when j <= R and accepted when j < R."""
+    trials, hits = np.zeros(COPY_BINS), np.zeros(COPY_BINS)
+    for m, r in runs:
+        for j in range(min(r + 1, max_k)):
+            b = copy_bin(m + j)
+            trials[b] += 1
+            hits[b] += j < r
+    return trials, hits
 
 
 class CostAware:
-    """Online acceptance model: per (role, match-length bucket, source corpus) counts of
-    'position k verified' and 'position k accepted'; P(k-th token accepted) is the product
-    of per-position hazards."""
+    """Online acceptance model: per (role, source corpus), the hazard h(L) that a copy which
+    already matched L tokens continues one more, from counts per copy-length bin. A draft of
+    n tokens after a match of length m is accepted up to its k-th token with probability
+    h(m) h(m+1) ... h(m+k-1): fresh matches and followed copies share one curve, so what
+    the model learns at any length serves every draft that reaches it."""
 
-    def __init__(self, max_k: int = 64, prior: dict[str, dict[int, list[float]]] | None = None,
+    def __init__(self, max_k: int = 64,
+                 prior: dict[str, tuple[Sequence[float], Sequence[float]]] | None = None,
                  prior_weight: float = 16.0, window: float = 2000.0):
         self.max_k = max_k
         self.prior = prior or {}
         self.prior_weight = prior_weight
-        self.window = window  # counts are halved past this many trials: follows drift
-        self.trials: dict[tuple[str, int], np.ndarray] = {}
-        self.hits: dict[tuple[str, int], np.ndarray] = {}
+        self.window = window  # a bin's counts are halved past this many trials: follows drift
+        self.trials: dict[tuple[str, str], np.ndarray] = {}
+        self.hits: dict[tuple[str, str], np.ndarray] = {}
         self.tokens = self.cost = 1.0  # decayed sums behind the running speedup R
 
     def threshold(self, lam: float) -> float:
@@ -66,42 +87,42 @@ class CostAware:
         self.tokens = self.tokens * decay + accepted + 1
         self.cost = self.cost * decay + 1 + lam * drafted
 
-    def _counts(self, role: str, m: int, source: str) -> tuple[np.ndarray, np.ndarray]:
-        key = (role, match_bucket(m), source)
-        shorter = (role, key[1] - 1, source)
-        if key not in self.trials and shorter in self.trials and \
-                not self.prior.get(role, {}).get(key[1]):
-            # a copy followed into a longer bucket: start from what the shorter one learned
-            hazard = self.hits[shorter] / self.trials[shorter]
-            self.trials[key] = np.full(self.max_k, self.prior_weight)
-            self.hits[key] = self.prior_weight * hazard
+    def _counts(self, role: str, source: str) -> tuple[np.ndarray, np.ndarray]:
+        key = (role, source)
         if key not in self.trials:
-            surv = np.ones(self.max_k)
-            given = self.prior.get(role, {}).get(key[1])
-            if given:
-                surv[: min(len(given), self.max_k)] = given[: self.max_k]
-                surv[len(given):] = given[-1] if len(given) else 0.5
-            else:
-                surv = 0.8 ** np.arange(1, self.max_k + 1)
-            hazard = surv / np.concatenate([[1.0], surv[:-1]]).clip(min=1e-9)
-            self.trials[key] = np.full(self.max_k, self.prior_weight)
-            self.hits[key] = self.prior_weight * hazard.clip(0.0, 1.0)
+            hazard, weight = np.full(COPY_BINS, 0.8), np.full(COPY_BINS, 4.0)
+            if role in self.prior:
+                trials, hits = (np.asarray(a, dtype=np.float64) for a in self.prior[role])
+                seen = trials > 0
+                if seen.any():
+                    # bins the profile never reached take the hazard of the nearest
+                    # shorter one that it did (or the first), with little weight
+                    idx = np.maximum.accumulate(np.where(seen, np.arange(COPY_BINS), -1))
+                    idx[idx < 0] = int(np.argmax(seen))
+                    hazard = hits[idx] / trials[idx]
+                    weight = np.where(seen, np.minimum(trials, self.prior_weight), 2.0)
+            self.trials[key] = weight.copy()
+            self.hits[key] = weight * hazard
         return self.trials[key], self.hits[key]
 
-    def accept_probs(self, role: str, m: int, source: str = "") -> np.ndarray:
-        trials, hits = self._counts(role, m, source)
-        return np.cumprod(hits / trials)
+    def accept_probs(self, role: str, m: int, source: str = "", n: int | None = None) -> np.ndarray:
+        """P(draft token k is accepted), k = 1..n (default max_k), after a match of length m."""
+        trials, hits = self._counts(role, source)
+        n = self.max_k if n is None else n
+        bins = [copy_bin(m + j) for j in range(n)]
+        return np.cumprod(hits[bins] / trials[bins])
 
     def length(self, role: str, m: int, cap: int, threshold: float,
                source: str = "") -> int:
         if m <= 0 or cap <= 0:
             return 0
-        p = self.accept_probs(role, m, source)[: min(cap, self.max_k)]
+        p = self.accept_probs(role, m, source, min(cap, self.max_k))
         return int(np.count_nonzero(p >= threshold))
 
     def expected(self, role: str, m: int, source: str, n: int) -> float:
         """Expected accepted tokens of an n-token draft."""
-        return float(np.sum(self.accept_probs(role, m, source)[:n])) if m > 0 else 0.0
+        return float(np.sum(self.accept_probs(role, m, source, min(n, self.max_k)))) \
+            if m > 0 else 0.0
 
     def observe(self, role: str, m: int, drafted: int, accepted: int,
                 source: str = "", bonus: bool | None = None) -> None:
@@ -109,13 +130,15 @@ class CostAware:
         would have been accepted."""
         if drafted <= 0 or m <= 0:
             return
-        trials, hits = self._counts(role, m, source)
-        seen = min(accepted + 1, drafted, self.max_k)
-        trials[:seen] += 1
-        hits[: min(accepted, self.max_k)] += 1
-        if bonus is not None and drafted < self.max_k:  # the position just past the draft
-            trials[drafted] += 1
-            hits[drafted] += bonus
-        if trials[0] > self.window:
-            trials *= 0.5
-            hits *= 0.5
+        trials, hits = self._counts(role, source)
+        for j in range(min(accepted + 1, drafted)):
+            self._count(trials, hits, copy_bin(m + j), j < accepted)
+        if bonus is not None:  # the position just past the draft
+            self._count(trials, hits, copy_bin(m + drafted), bonus)
+
+    def _count(self, trials: np.ndarray, hits: np.ndarray, b: int, hit: bool) -> None:
+        trials[b] += 1
+        hits[b] += hit
+        if trials[b] > self.window:
+            trials[b] *= 0.5
+            hits[b] *= 0.5

@@ -11,6 +11,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from agentspec.allocator import COPY_BINS
 from agentspec.costs import read_format
 
 ALPHA_MIN, ALPHA_MAX = 0.05, 12.0
@@ -60,9 +61,9 @@ class KmaxTable:
     survival: dict[str, list[float]]  # Pr(R >= k) for k = 1..len
     samples: dict[str, int]
     source: dict = field(default_factory=dict)
-    # Pr(R >= k) per role and match-length bucket (see allocator.match_bucket): the prior
-    # of the cost-aware allocator
-    by_match: dict[str, dict[int, list[float]]] = field(default_factory=dict)
+    # (trials, hits) per role and copy-length bin (see allocator.copy_bin): the prior of the
+    # cost-aware allocator's hazard
+    hazard: dict[str, tuple[list[float], list[float]]] = field(default_factory=dict)
 
     @classmethod
     def from_runs(cls, lam: float, runs: dict[str, list[tuple[int, int]]], max_k: int,
@@ -70,12 +71,12 @@ class KmaxTable:
         """`runs[role]`: (match length m, R) of every step that had a retrieved continuation."""
         import numpy as np
 
-        from agentspec.allocator import match_bucket
+        from agentspec.allocator import hazard_counts
 
         def surv(r: np.ndarray) -> list[float]:
             return [round(float(np.mean(r >= k)), 5) for k in range(1, max_k + 1)]
 
-        kmax, survival, samples, by_match = {}, {}, {}, {}
+        kmax, survival, samples, hazard = {}, {}, {}, {}
         for role, pairs in sorted(runs.items()):
             arr = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
             r = arr[:, 1]
@@ -83,15 +84,15 @@ class KmaxTable:
             ok = [k for k, p in enumerate(survival[role], 1) if p >= lam]
             kmax[role] = max(ok) if ok else 1
             samples[role] = len(r)
-            buckets = np.array([match_bucket(int(m)) for m in arr[:, 0]], dtype=np.int64)
-            by_match[role] = {int(b): surv(r[buckets == b]) for b in np.unique(buckets)}
-        return cls(lam, kmax, survival, samples, source or {}, by_match)
+            trials, hits = hazard_counts(arr.tolist(), max_k)
+            hazard[role] = (trials.tolist(), hits.tolist())
+        return cls(lam, kmax, survival, samples, source or {}, hazard)
 
     def to_json(self) -> dict:
         return {"format": KMAX_FORMAT, "lambda": self.lam, "kmax": self.kmax,
                 "survival": self.survival, "samples": self.samples,
-                "survival_by_match_bucket": {r: {str(b): v for b, v in d.items()}
-                                             for r, d in self.by_match.items()},
+                "hazard_by_copy_length": {r: {"trials": t, "hits": h}
+                                          for r, (t, h) in self.hazard.items()},
                 **self.source}
 
     def save(self, path: str | Path) -> None:
@@ -105,12 +106,16 @@ def load_kmax(path: str | Path) -> KmaxTable:
     try:
         kmax = {str(r): int(k) for r, k in obj["kmax"].items()}
         survival = {str(r): [float(p) for p in v] for r, v in obj.get("survival", {}).items()}
-        by_match = {str(r): {int(b): [float(p) for p in v] for b, v in d.items()}
-                    for r, d in obj.get("survival_by_match_bucket", {}).items()}
+        hazard = {str(r): ([float(x) for x in d["trials"]], [float(x) for x in d["hits"]])
+                  for r, d in obj.get("hazard_by_copy_length", {}).items()}
         samples = {str(r): int(n) for r, n in obj.get("samples", {}).items()}
         lam = float(obj["lambda"])
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise KmaxError(f"{path}: bad Kmax table ({e})") from None
     if any(k < 1 for k in kmax.values()):
         raise KmaxError(f"{path}: every Kmax must be >= 1")
-    return KmaxTable(lam, kmax, survival, samples, by_match=by_match)
+    if any(len(t) != COPY_BINS or len(h) != COPY_BINS or any(x < y for x, y in zip(t, h))
+           for t, h in hazard.values()):
+        raise KmaxError(f"{path}: hazard_by_copy_length needs {COPY_BINS} trials and hits "
+                        "per role, hits <= trials")
+    return KmaxTable(lam, kmax, survival, samples, hazard=hazard)

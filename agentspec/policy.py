@@ -90,7 +90,7 @@ class Policy:
         self.token_bytes = token_bytes
         self.lam_of = lam_of or (lambda b: config.lam)
         self.controller = Controller(lam=config.lam, kmax=dict(kmax.kmax) if kmax else {})
-        self.acceptance = CostAware(max_k=config.max_k, prior=kmax.by_match if kmax else None)
+        self.acceptance = CostAware(max_k=config.max_k, prior=kmax.hazard if kmax else None)
         self.sessions: dict[str, _Session] = {}
         self.running: dict[str, _Running] = {}
         self.g = Corpus(max_tokens=config.g_max_tokens) if config.global_ else None

@@ -7,10 +7,10 @@ noise spreads over all of them. `plain` is mlx-lm's own greedy generation.
 
 The drafters' histories follow the recording, as in replay: the recorded prompt messages
 are registered before a call, and at its end the RECORDED output is fed to each drafter
-(a request started and finished with it), not the small model's generation. A drafter
-still absorbs the generated tokens while it drafts (that is how drafting on the running
-output works); the generated request is finished with its output cut to nothing, so the
-generation does not reach G or past-response trees as a finished output.
+(a request started and finished with it), since the recorded agent's next prompts continue
+from it. What the model generated is a finished output too: each drafter remembers it as
+it would in a deployment (G for ours; vLLM's suffix method adds generated tokens to its
+past-response tree while they stream, so it always did).
 """
 
 from __future__ import annotations
@@ -81,8 +81,8 @@ def run_mlx_bench(sessions: Sequence[TokenizedSession], methods: Sequence[str], 
                 prefill_s += generate_call(eng, order, prompt,
                                            lambda: s.request(index, prompt, "/generated"),
                                            max_tokens, tc.call.role, f"{s.id}#{index}",
-                                           keep_output=False, progress=progress)[0]
-            for d in drafters:  # the recorded output, not a generated one, joins the history
+                                           progress=progress)[0]
+            for d in drafters:  # the recorded output joins the history, as in replay
                 _finish_recorded(d, s, index, prompt)
         for d in drafters:
             d.drop_session(s.id)
@@ -108,15 +108,12 @@ def run_mlx_bench(sessions: Sequence[TokenizedSession], methods: Sequence[str], 
 
 def generate_call(eng: "engine.Engine", runs: Sequence[MethodRun], prompt: list[int],
                   make_request: Callable[[], Request], max_tokens: int, role: str, key: str, *,
-                  keep_output: bool = True,
                   progress: Callable[[str, int], None] | None = None
                   ) -> tuple[float, dict[str, "engine.Generation"]]:
     """Generate one call with every method in `runs`, in that order, from one prefill.
 
     Each run's meter, time and `outputs[key]` are updated; returns the prefill seconds
-    and each method's generation.
-    A drafter's request is finished with its generated output when `keep_output`, else
-    with none (the caller then feeds the drafter the output it should remember).
+    and each method's generation. Each drafter's request is finished with its generation.
     """
     limit = engine._check_context(len(prompt), max_tokens, eng.context)
     t0 = perf_counter()
@@ -133,8 +130,6 @@ def generate_call(eng: "engine.Engine", runs: Sequence[MethodRun], prompt: list[
             run.drafter.start(req)
             gen = engine.generate(eng.model, prompt, run.drafter, req, limit, eng.stop_ids,
                                   cache=cache, plan=eng.plan)
-            if not keep_output:
-                del req.tokens[req.num_prompt:]
             run.drafter.finish(req)
         grown = engine.cache_len(cache) - base
         if grown > 0 and engine.trim_prompt_cache(cache, grown) != grown:

@@ -5,7 +5,8 @@ One engine, in a subprocess with vLLM's Python as the bench runs it, drafts with
 verification of b x (k+1) tokens, whatever is accepted. For each batch size b, b requests
 of `context` random prompt tokens are prefilled; then for each k the median wall time of
 one `LLMEngine.step` (schedule, forward, rejection sampling, drafting, outputs) is taken
-after warm-up steps (the first step after a switch still verifies drafts of the old k).
+after warm-up steps (the first step after a switch still verifies drafts of the old k), in a
+second pass over the points (the first pass only warms every shape up).
 The engine runs in the worker's own process, so k is set on the proposer directly, through
 `LLM.collective_rpc`. The fit and the file are those of the MLX probe (agentspec.costs).
 
@@ -30,6 +31,7 @@ from agentspec.backends.vllm_bench import (emit_event, engine_description, make_
 from agentspec.costs import BatchCost, CostProfile, fit_lambda, tokens_per_row
 
 PROPOSER = "agentspec.backends.vllm_probe.RandomDrafts"
+WARMUP = 2  # steps at each point before timing, in each of the two passes
 
 
 class RandomDrafts:
@@ -84,7 +86,7 @@ def run_cli(model: str | None, dtype: str | None, batches: str, max_k: int, cont
 
 # --- the worker's side (vLLM's Python) ---------------------------------------------------
 def measure(llm, batch: int, context: int, points: Sequence[int], repeats: int,
-            warmup: int = 2, seed: int = 0,
+            warmup: int = WARMUP, seed: int = 0,
             progress: Callable[[int, int], None] = lambda b, n: None
             ) -> tuple[list[float], list[str]]:
     """Median step seconds of `batch` rows at each tokens-per-row point; and warnings."""
@@ -94,7 +96,7 @@ def measure(llm, batch: int, context: int, points: Sequence[int], repeats: int,
     eng = llm.llm_engine
     rng = np.random.default_rng(seed)
     vocab = min(eng.model_config.get_vocab_size(), 32000)
-    steps = len(points) * (warmup + repeats)
+    steps = len(points) * (2 * warmup + repeats)
     params = SamplingParams(temperature=0.0, max_tokens=2 * steps + 16, ignore_eos=True,
                             output_kind=RequestOutputKind.DELTA)
     ids = [f"probe-b{batch}-{i}" for i in range(batch)]
@@ -104,6 +106,12 @@ def measure(llm, batch: int, context: int, points: Sequence[int], repeats: int,
     decoding: set[str] = set()
     while len(decoding) < batch:  # prefill, in chunks, until every row decodes
         decoding |= {o.request_id for o in eng.step() if o.outputs[0].token_ids}
+    # one pass over every shape first: the first steps at a new shape pay one-off costs
+    # (compilation, allocation) that once made a 1-token step look slower than a 2-token one
+    for n in points:
+        llm.collective_rpc(set_draft_length, args=(n - 1,))
+        for _ in range(warmup):
+            eng.step()
     seconds, warnings = [], []
     for n in points:
         llm.collective_rpc(set_draft_length, args=(n - 1,))
@@ -128,7 +136,7 @@ def measure(llm, batch: int, context: int, points: Sequence[int], repeats: int,
 def worker_main(job_path: str, out_path: str) -> None:
     job = json.loads(Path(job_path).read_text())
     points, context = job["points"], job["context"]
-    steps = len(points) * (2 + job["repeats"])
+    steps = len(points) * (2 * WARMUP + job["repeats"])
     spec = {"method": "custom_class", "model": PROPOSER,
             "num_speculative_tokens": points[-1] - 1}
     llm = make_llm(job["model"], job["dtype"], context + 2 * steps + 16 + points[-1], spec,

@@ -3,7 +3,8 @@ import math
 
 import pytest
 
-from agentspec.allocator import CostAware, agentspec_lengths, match_bucket, redundancy
+from agentspec.allocator import (COPY_BINS, CostAware, agentspec_lengths, copy_bin, hazard_counts,
+                                 redundancy)
 from agentspec.controller import Controller, KmaxError, KmaxTable, load_kmax
 from agentspec.drafter import FILE, PROMPT, TOOL, Request
 from agentspec.policy import Policy, PolicyConfig, emission_forms, ladder
@@ -45,14 +46,31 @@ def test_kmax_from_runs_matches_the_article_example():
     assert KmaxTable.from_runs(0.5, {"x": runs([0, 0, 1])}, 8).kmax["x"] == 1
 
 
-def test_kmax_survival_per_match_length():
-    t = KmaxTable.from_runs(0.2, {"code": runs([0, 0], m=2) + runs([30, 30], m=40)}, 32)
-    assert t.by_match["code"][match_bucket(2)][0] == 0.0
-    assert t.by_match["code"][match_bucket(40)][29] == 1.0
+def test_copy_bins_and_hazard_counts():
+    bins = [copy_bin(n) for n in range(1, 8000)]
+    assert bins[:32] == list(range(32)) and bins == sorted(bins) and bins[-1] == COPY_BINS - 1
+    # a 4-token draft after a 3-token match that matched 2: copies of 3 and 4 continued,
+    # the copy of 5 did not
+    trials, hits = hazard_counts([(3, 2)], max_k=4)
+    assert trials[[copy_bin(3), copy_bin(4), copy_bin(5)]].tolist() == [1, 1, 1]
+    assert hits[[copy_bin(3), copy_bin(4), copy_bin(5)]].tolist() == [1, 1, 0]
+    assert trials.sum() == 3
+    # R = max_k: every drafted position was reached and accepted, none past it counted
+    trials, hits = hazard_counts([(1, 4)], max_k=4)
+    assert trials.sum() == hits.sum() == 4
+
+
+def test_kmax_hazard_by_copy_length():
+    t = KmaxTable.from_runs(0.2, {"code": runs([0, 0], m=2) + runs([30, 30], m=20)}, 32)
+    trials, hits = t.hazard["code"]
+    assert trials[copy_bin(2)] == 2 and hits[copy_bin(2)] == 0
+    assert trials[copy_bin(25)] == hits[copy_bin(25)] == 2
     # the prior makes the allocator draft long copies long and short matches not at all
-    model = CostAware(max_k=32, prior=t.by_match)
-    assert model.length("code", 40, cap=32, threshold=0.3) == 30
+    model = CostAware(max_k=32, prior=t.hazard)
+    assert model.length("code", 20, cap=32, threshold=0.3) >= 28
     assert model.length("code", 2, cap=32, threshold=0.3) == 0
+    # a copy followed past what the profile saw keeps the last hazard it knew
+    assert model.length("code", 1000, cap=32, threshold=0.3) > 0
 
 
 def test_kmax_file_round_trip_and_errors(tmp_path):
@@ -60,7 +78,12 @@ def test_kmax_file_round_trip_and_errors(tmp_path):
     t.save(tmp_path / "k.json")
     again = load_kmax(tmp_path / "k.json")
     assert again.kmax == t.kmax and again.survival == t.survival and again.lam == 0.2
-    assert again.by_match == t.by_match
+    assert again.hazard == t.hazard
+    broken = t.to_json()
+    broken["hazard_by_copy_length"]["code"]["hits"][0] = 99.0
+    (tmp_path / "hz.json").write_text(json.dumps(broken))
+    with pytest.raises(KmaxError, match="hazard_by_copy_length"):
+        load_kmax(tmp_path / "hz.json")
     (tmp_path / "bad.json").write_text("{broken")
     with pytest.raises(KmaxError, match="bad.json"):
         load_kmax(tmp_path / "bad.json")
