@@ -123,7 +123,11 @@ class Policy:
 
     # --- requests --------------------------------------------------------------------
     def start(self, request: Request) -> None:
-        self._session(request.session)
+        st = self._session(request.session)
+        # index the text registered since the last request now, not in its first decoding step
+        for corpus in (st.s, st.w, self.g):
+            if corpus is not None:
+                corpus.flush()
         run = _Running(fed=request.num_prompt)
         if self.config.isolate and request.structure and self.token_bytes is not None:
             try:
