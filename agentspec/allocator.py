@@ -5,10 +5,11 @@ Two allocators over the same per-request candidates:
   budget floor(alpha / bz), L_i = max(|CT*_i|, B_t * g_i / sum g)).
 - `CostAware`: ours. It keeps, per role and source corpus, the online hazard that a copy of
   length L continues, turns it into the probability p_k that the k-th draft token is
-  accepted, and gives a request its k-th token only while p_k >= lambda(b) * R. lambda(b) is the cost of verifying one more token at this batch size
-  in units of one plain decoding token (shared/spec/cost-profile.md); R is the running
-  speedup (tokens per unit of modeled cost). A draft token costs lambda(b) and yields p_k
-  tokens, each worth 1/R of cost at the current rate: it pays only if p_k / lambda(b) > R.
+  accepted, and drafts the length n that maximizes p_1 + ... + p_n - R * C(n). C(n) is what
+  verifying n draft tokens per row costs at this batch size, in plain decode steps (read
+  off the measured cost profile, shared/spec/cost-profile.md, or lambda * n); R is the
+  running speedup, so R * C(n) is what that time would have produced at the current rate.
+  With linear costs this drafts token k while p_k >= lambda(b) * R.
 """
 
 from __future__ import annotations
@@ -79,13 +80,15 @@ class CostAware:
         self.hits: dict[tuple[str, str], np.ndarray] = {}
         self.tokens = self.cost = 1.0  # decayed sums behind the running speedup R
 
-    def threshold(self, lam: float) -> float:
-        return lam * self.tokens / self.cost
+    @property
+    def rate(self) -> float:
+        """R: tokens per plain decode step of cost, recently."""
+        return self.tokens / self.cost
 
-    def charge(self, lam: float, drafted: int, accepted: int, decay: float = 0.999) -> None:
-        """One verified row: it cost 1 + lam * drafted and produced accepted + 1 tokens."""
+    def charge(self, cost: float, accepted: int, decay: float = 0.999) -> None:
+        """One verified row: it cost 1 + `cost` steps and produced accepted + 1 tokens."""
         self.tokens = self.tokens * decay + accepted + 1
-        self.cost = self.cost * decay + 1 + lam * drafted
+        self.cost = self.cost * decay + 1 + cost
 
     def _counts(self, role: str, source: str) -> tuple[np.ndarray, np.ndarray]:
         key = (role, source)
@@ -112,12 +115,16 @@ class CostAware:
         bins = [copy_bin(m + j) for j in range(n)]
         return np.cumprod(hits[bins] / trials[bins])
 
-    def length(self, role: str, m: int, cap: int, threshold: float,
-               source: str = "") -> int:
+    def length(self, role: str, m: int, cap: int, costs: np.ndarray, source: str = "") -> int:
+        """The draft length n <= cap that gains most: expected accepted tokens minus what
+        the n tokens cost (costs[n], in plain steps) times R, each step's worth in tokens.
+        With linear costs lambda * n this drafts token k while p_k >= lambda * R."""
         if m <= 0 or cap <= 0:
             return 0
-        p = self.accept_probs(role, m, source, min(cap, self.max_k))
-        return int(np.count_nonzero(p >= threshold))
+        n = min(cap, self.max_k, len(costs) - 1)
+        p = self.accept_probs(role, m, source, n)
+        gain = np.concatenate(([0.0], np.cumsum(p))) - self.rate * np.asarray(costs[: n + 1])
+        return int(np.argmax(gain))
 
     def expected(self, role: str, m: int, source: str, n: int) -> float:
         """Expected accepted tokens of an n-token draft."""

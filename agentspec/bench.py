@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from agentspec.controller import KmaxTable
-from agentspec.costs import CostProfile
+from agentspec.costs import CostProfile, linear_costs
 from agentspec.drafter import Drafter, Plain
 from agentspec.metrics import DEFAULT_LAMBDAS, Meter
 from agentspec.policy import Policy, ladder
@@ -37,8 +37,9 @@ class BenchSetup:
     profile: CostProfile | None = None
     token_bytes: list[bytes] | None = None
 
-    def lam_of(self, b: int) -> float:
-        return self.profile.lam(b) if self.profile else self.lam
+    def draft_costs(self, b: int, max_k: int):
+        """What n draft tokens per row cost at batch size b (see CostProfile.draft_costs)."""
+        return self.profile.draft_costs(b, max_k) if self.profile else linear_costs(self.lam, max_k)
 
 
 def method_names() -> list[str]:
@@ -59,7 +60,8 @@ def make_drafter(name: str, setup: BenchSetup) -> Drafter:
     tok = setup.tokenizer
     return Policy(ladder(setup.lam)[name], encode=tok.encode if tok else None,
                   decode=tok.decode if tok else None, token_bytes=setup.token_bytes,
-                  kmax=setup.kmax, lam_of=setup.lam_of, global_seed=setup.global_seed)
+                  kmax=setup.kmax, draft_costs=setup.draft_costs,
+                  global_seed=setup.global_seed)
 
 
 def split_by_task(sessions: Sequence, seed: int = 0) -> tuple[list, list]:

@@ -42,6 +42,25 @@ class BatchCost:
     lam: float
 
 
+def _relative_costs(c: "BatchCost", max_k: int) -> np.ndarray:
+    """(t(n + 1) - t(1)) / t(1) for n = 0..max_k from one batch size's measured points."""
+    x = np.asarray(c.tokens_per_row, dtype=np.float64)
+    t = np.maximum.accumulate(np.asarray(c.seconds, dtype=np.float64))
+    n = np.arange(1, max_k + 2, dtype=np.float64)
+    at = np.interp(n, x, t)
+    if len(x) > 1 and n[-1] > x[-1]:
+        slope = (t[-1] - t[-2]) / (x[-1] - x[-2])
+        past = n > x[-1]
+        at[past] = t[-1] + slope * (n[past] - x[-1])
+    t1 = float(np.interp(1.0, x, t))
+    return (at - t1) / t1
+
+
+def linear_costs(lam: float, max_k: int) -> np.ndarray:
+    """C[n] = lambda * n: the cost model of a fixed lambda."""
+    return lam * np.arange(max_k + 1, dtype=np.float64)
+
+
 @dataclass
 class CostProfile:
     backend: str
@@ -66,6 +85,16 @@ class CostProfile:
     def lam(self, b: int) -> float:
         sizes = sorted(self.batches)
         return self._interp(b, [self.batches[s].lam for s in sizes])
+
+    def draft_costs(self, b: int, max_k: int) -> np.ndarray:
+        """C[n], n = 0..max_k: what verifying n draft tokens per row costs at batch size b,
+        in plain decode steps, read off the measured curve (made non-decreasing, extended
+        past its last point by its last slope) rather than the fitted lambda: on a CPU the
+        first draft tokens often cost more than the slope says."""
+        sizes = sorted(self.batches)
+        curves = [_relative_costs(self.batches[s], max_k) for s in sizes]
+        return np.array([np.interp(b, sizes, [c[n] for c in curves])
+                         for n in range(max_k + 1)])
 
     def to_json(self) -> dict:
         return {

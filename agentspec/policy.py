@@ -20,8 +20,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence
 
+import numpy as np
+
 from agentspec.allocator import CostAware, agentspec_lengths
 from agentspec.controller import Controller, KmaxTable
+from agentspec.costs import linear_costs
 from agentspec.drafter import FILE, OUTPUT, Request
 from agentspec.match import Corpus, Match
 from agentspec.structure import BlockTracker, StructureError, parse_structure
@@ -68,7 +71,7 @@ class _Running:
     tracker: BlockTracker | None = None
     # the last retrieval, advanced while the output keeps copying it
     match: Match = field(default_factory=lambda: NO_MATCH)
-    lam: float = 0.0  # lambda(b) of the step being verified
+    cost: float = 0.0  # what the draft being verified costs, in plain decode steps
     source: str = ""  # corpus the match came from: S, W, G or B (block history)
 
 
@@ -82,13 +85,14 @@ class Policy:
     def __init__(self, config: PolicyConfig, encode: Callable[[str], list[int]] | None = None,
                  decode: Callable[[list[int]], str] | None = None,
                  token_bytes: list[bytes] | None = None, kmax: KmaxTable | None = None,
-                 lam_of: Callable[[int], float] | None = None,
+                 draft_costs: Callable[[int, int], np.ndarray] | None = None,
                  global_seed: Sequence[Sequence[int]] = ()):
         self.config = config
         self.name = config.name
         self.encode, self.decode = encode, decode
         self.token_bytes = token_bytes
-        self.lam_of = lam_of or (lambda b: config.lam)
+        # C[n]: what n draft tokens per row cost at a batch size, in plain decode steps
+        self.draft_costs = draft_costs or (lambda b, k: linear_costs(config.lam, k))
         self.controller = Controller(lam=config.lam, kmax=dict(kmax.kmax) if kmax else {})
         self.acceptance = CostAware(max_k=config.max_k, prior=kmax.hazard if kmax else None)
         self.sessions: dict[str, _Session] = {}
@@ -224,15 +228,15 @@ class Policy:
                 [(m.candidates, m.agree, m.agreed) if m.length else None for m in matches],
                 cfg.alg2_alpha, cfg.g_min)
         else:
-            lam = self.lam_of(len(batch))
-            threshold = self.acceptance.threshold(lam)
+            costs = self.draft_costs(len(batch), cfg.max_k)
             lengths = []
             for r, m in zip(batch, matches):
-                self.running[r.id].lam = lam
+                run = self.running[r.id]
                 # no Kmax cap: the acceptance model conditions on match length, which
                 # separates long copies from short matches better than a per-role cap
-                lengths.append(self.acceptance.length(r.role, m.length, cfg.max_k, threshold,
-                                                      self.running[r.id].source))
+                lengths.append(self.acceptance.length(r.role, m.length, cfg.max_k, costs,
+                                                      run.source))
+                run.cost = float(costs[min(lengths[-1], len(m.tokens))])
         return [m.tokens[:k] for m, k in zip(matches, lengths)]
 
     def observe(self, request: Request, drafted: int, accepted: int) -> None:
@@ -251,7 +255,7 @@ class Policy:
             self.acceptance.observe(request.role, run.match.length, drafted, accepted,
                                     run.source, bonus)
         if cfg.length == "cost":
-            self.acceptance.charge(run.lam, drafted, accepted)
+            self.acceptance.charge(run.cost, accepted)
 
     def finish(self, request: Request) -> None:
         run = self.running.pop(request.id)

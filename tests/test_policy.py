@@ -1,11 +1,13 @@
 import json
 import math
 
+import numpy as np
 import pytest
 
 from agentspec.allocator import (COPY_BINS, CostAware, agentspec_lengths, copy_bin, hazard_counts,
                                  redundancy)
 from agentspec.controller import Controller, KmaxError, KmaxTable, load_kmax
+from agentspec.costs import BatchCost, CostProfile, linear_costs
 from agentspec.drafter import FILE, PROMPT, TOOL, Request
 from agentspec.policy import Policy, PolicyConfig, emission_forms, ladder
 from agentspec.tokens import CHATML, ChatTokenizer
@@ -67,10 +69,10 @@ def test_kmax_hazard_by_copy_length():
     assert trials[copy_bin(25)] == hits[copy_bin(25)] == 2
     # the prior makes the allocator draft long copies long and short matches not at all
     model = CostAware(max_k=32, prior=t.hazard)
-    assert model.length("code", 20, cap=32, threshold=0.3) >= 28
-    assert model.length("code", 2, cap=32, threshold=0.3) == 0
+    assert model.length("code", 20, cap=32, costs=linear_costs(0.3, 32)) >= 28
+    assert model.length("code", 2, cap=32, costs=linear_costs(0.3, 32)) == 0
     # a copy followed past what the profile saw keeps the last hazard it knew
-    assert model.length("code", 1000, cap=32, threshold=0.3) > 0
+    assert model.length("code", 1000, cap=32, costs=linear_costs(0.3, 32)) > 0
 
 
 def test_kmax_file_round_trip_and_errors(tmp_path):
@@ -108,20 +110,50 @@ def test_redundancy_and_algorithm2():
 
 def test_cost_aware_learns_acceptance():
     model = CostAware(max_k=16)
-    assert model.threshold(0.2) == pytest.approx(0.2)  # no history: R = 1
-    model.charge(0.2, drafted=4, accepted=4)
-    assert model.threshold(0.2) > 0.2  # faster than plain: the bar rises with R
-    before = model.length("code", 8, cap=16, threshold=0.5)
+    costs = linear_costs(0.2, 16)
+    assert model.rate == 1.0  # no history
+    model.charge(0.2 * 4, accepted=4)
+    assert model.rate > 1.0  # faster than plain: the bar rises with R
+    before = model.length("code", 8, cap=16, costs=costs)
     for _ in range(300):
         model.observe("code", 8, drafted=16, accepted=16)
-    assert model.length("code", 8, cap=16, threshold=0.5) == 16 > before
+    assert model.length("code", 8, cap=16, costs=costs) == 16 > before
     for _ in range(300):
         model.observe("review", 8, drafted=8, accepted=0)
-    assert model.length("review", 8, cap=16, threshold=0.2) == 0
-    assert model.length("code", 0, cap=16, threshold=0.0) == 0
+    assert model.length("review", 8, cap=16, costs=costs) == 0
+    assert model.length("code", 0, cap=16, costs=0 * costs) == 0
     # a higher lambda never drafts more
-    assert model.length("code", 3, 16, 0.9) <= model.length("code", 3, 16, 0.1)
+    assert model.length("code", 3, 16, linear_costs(0.9, 16)) <= model.length("code", 3, 16,
+                                                                               costs)
 
+
+def test_cost_aware_drafts_where_the_measured_cost_curve_pays():
+    model = CostAware(max_k=16)
+    for _ in range(300):  # every token accepted with probability 0.9
+        model.observe("code", 8, drafted=16, accepted=16)
+    p = model.accept_probs("code", 8, n=16)
+    gains = np.cumsum(p)
+    # linear costs: token k while p_k >= lambda * R
+    assert model.length("code", 8, 16, linear_costs(0.5, 16)) == int(np.sum(p >= 0.5))
+    # a step that costs a lot more past 4 tokens per row: stop at 4
+    steep = np.array([0.0, 0.05, 0.1, 0.15, 0.2] + [5.0 + n for n in range(12)])
+    assert model.length("code", 8, 16, steep) == 4
+    # a fixed price for any draft: all or nothing, whatever the per-token slope
+    flat = np.array([0.0] + [gains[-1] - 0.5] * 16)
+    assert model.length("code", 8, 16, flat) == 16
+
+
+def test_draft_costs_follow_the_measured_curve():
+    prof = CostProfile(backend="mlx", model="m", batches={
+        1: BatchCost([1, 2, 3, 5, 9], [0.10, 0.12, 0.11, 0.16, 0.20], 0.12),
+        4: BatchCost([1, 2, 3, 5, 9], [0.20, 0.30, 0.40, 0.60, 1.00], 0.5)})
+    c1 = prof.draft_costs(1, 12)
+    assert c1[0] == 0.0 and c1[1] == pytest.approx(0.2)
+    assert c1[2] == pytest.approx(0.2)  # a faster measurement never makes more tokens cheaper
+    assert all(np.diff(c1) >= 0)
+    assert c1[12] == pytest.approx((0.20 + 0.01 * 4 - 0.10) / 0.10)  # last slope onwards
+    assert prof.draft_costs(4, 4)[4] == pytest.approx(2.0)
+    assert prof.draft_costs(2, 4)[4] == pytest.approx(c1[4] + (2.0 - c1[4]) / 3)
 
 
 def test_the_token_after_a_fully_accepted_draft_teaches_the_next_position():
