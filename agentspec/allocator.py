@@ -49,6 +49,14 @@ def copy_bin(length: int) -> int:
     return min(COPY_BINS - 1, 32 + int(4 * math.log2(length / 32)))
 
 
+# copy_bin of every length up to where the bins end (the hot path indexes this)
+_BIN_OF = np.array([copy_bin(n) for n in range(8192)])
+
+
+def copy_bins(lengths: np.ndarray) -> np.ndarray:
+    return _BIN_OF[np.minimum(lengths, len(_BIN_OF) - 1)]
+
+
 def hazard_counts(runs: Sequence[tuple[int, int]], max_k: int) -> tuple[np.ndarray, np.ndarray]:
     """(trials, hits) per copy-length bin from (match length m, R) pairs, where R is how far
     a max_k-token draft after a match of length m matched: the j-th draft token continues a
@@ -112,7 +120,7 @@ class CostAware:
         """P(draft token k is accepted), k = 1..n (default max_k), after a match of length m."""
         trials, hits = self._counts(role, source)
         n = self.max_k if n is None else n
-        bins = [copy_bin(m + j) for j in range(n)]
+        bins = copy_bins(m + np.arange(n))
         return np.cumprod(hits[bins] / trials[bins])
 
     def length(self, role: str, m: int, cap: int, costs: np.ndarray, source: str = "") -> int:

@@ -93,6 +93,7 @@ class Policy:
         self.token_bytes = token_bytes
         # C[n]: what n draft tokens per row cost at a batch size, in plain decode steps
         self.draft_costs = draft_costs or (lambda b, k: linear_costs(config.lam, k))
+        self._costs: dict[int, np.ndarray] = {}  # by batch size: read once, not every step
         self.controller = Controller(lam=config.lam, kmax=dict(kmax.kmax) if kmax else {})
         self.acceptance = CostAware(max_k=config.max_k, prior=kmax.hazard if kmax else None)
         self.sessions: dict[str, _Session] = {}
@@ -228,7 +229,10 @@ class Policy:
                 [(m.candidates, m.agree, m.agreed) if m.length else None for m in matches],
                 cfg.alg2_alpha, cfg.g_min)
         else:
-            costs = self.draft_costs(len(batch), cfg.max_k)
+            b = len(batch)
+            if b not in self._costs:
+                self._costs[b] = self.draft_costs(b, cfg.max_k)
+            costs = self._costs[b]
             lengths = []
             for r, m in zip(batch, matches):
                 run = self.running[r.id]
