@@ -90,8 +90,10 @@ class CostAware:
 
     @property
     def rate(self) -> float:
-        """R: tokens per plain decode step of cost, recently."""
-        return self.tokens / self.cost
+        """R: tokens per plain decode step of cost, recently, and never below 1: drafting
+        nothing already makes 1, so a worse recent rate must not make drafts look cheaper
+        (which would lengthen the very drafts that brought it down)."""
+        return max(1.0, self.tokens / self.cost)
 
     def charge(self, cost: float, accepted: int, decay: float = 0.999) -> None:
         """One verified row: it cost 1 + `cost` steps and produced accepted + 1 tokens."""

@@ -156,6 +156,21 @@ def model_context(model: Path) -> int | None:
         return None
 
 
+def engine_length(longest: int, max_tokens: int, context: int | None) -> int:
+    """The engines' max_model_len: the longest prompt, its output, and room for two full
+    drafts. When a step's longest row (its verified draft included) plus
+    num_speculative_tokens passes max_model_len, vLLM gives every row of the batch k zero
+    tokens as its next draft, which all get verified and rejected."""
+    from agentspec.bench import BenchError
+
+    length = longest + max_tokens + 2 * DRAFT_TOKENS + 1
+    if context and length > context:
+        raise BenchError(f"a prompt of {longest} tokens plus --max-tokens {max_tokens} and "
+                         f"{2 * DRAFT_TOKENS + 1} tokens of draft room exceeds the model's "
+                         f"context of {context}; set --max-prompt-tokens")
+    return length
+
+
 def run_vllm_bench(sessions: Sequence[TokenizedSession], methods: Sequence[str], *,
                    setup: BenchSetup, model: Path, model_name: str, dtype: str | None,
                    batches: Sequence[int], max_tokens: int, max_prompt_tokens: int | None,
@@ -168,17 +183,14 @@ def run_vllm_bench(sessions: Sequence[TokenizedSession], methods: Sequence[str],
     longest = max((len(c["prompt"]) for calls in jobs for c in calls), default=0)
     if not longest:
         raise BenchError("no call with a recorded output to generate")
-    context = model_context(model)
-    if context and longest + max_tokens > context:
-        raise BenchError(f"a prompt of {longest} tokens plus --max-tokens {max_tokens} exceeds "
-                         f"the model's context of {context}; set --max-prompt-tokens")
+    max_model_len = engine_length(longest, max_tokens, model_context(model))
     names = list(dict.fromkeys(["plain", *methods]))
     results = {}
     with tempfile.TemporaryDirectory(prefix="agentspec-setup-") as tmp:
         env = {"AGENTSPEC_VLLM_SETUP": str(write_setup(setup, Path(tmp)))}
         for name in names:
             job = {"model": str(model), "dtype": dtype, "max_tokens": max_tokens,
-                   "max_model_len": longest + max_tokens + 1, "batches": list(batches),
+                   "max_model_len": max_model_len, "batches": list(batches),
                    "spec": speculative_config(name),
                    "sessions": jobs, "method": name}
             tick = (lambda e, name=name: progress(name, 1)) if progress else (lambda e: None)

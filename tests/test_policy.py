@@ -114,6 +114,10 @@ def test_cost_aware_learns_acceptance():
     assert model.rate == 1.0  # no history
     model.charge(0.2 * 4, accepted=4)
     assert model.rate > 1.0  # faster than plain: the bar rises with R
+    slow = CostAware(max_k=16)
+    for _ in range(50):
+        slow.charge(0.2 * 16, accepted=0)  # long drafts all rejected
+    assert slow.rate == 1.0  # never below plain's rate: waste does not make drafts cheaper
     before = model.length("code", 8, cap=16, costs=costs)
     for _ in range(300):
         model.observe("code", 8, drafted=16, accepted=16)

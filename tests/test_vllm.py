@@ -312,6 +312,16 @@ def test_bench_jobs_carry_metadata_files_and_cut_prompts(tiny_model_dir):
     assert speculative_config("full")["method"] == "custom_class"
 
 
+def test_engines_leave_room_for_two_drafts_past_the_longest_call():
+    from agentspec.backends.vllm_bench import DRAFT_TOKENS, engine_length
+    from agentspec.bench import BenchError
+
+    assert engine_length(1000, 128, None) == 1000 + 128 + 2 * DRAFT_TOKENS + 1
+    assert engine_length(1000, 128, 2048) == engine_length(1000, 128, None)
+    with pytest.raises(BenchError, match="draft room exceeds the model's context of 1152"):
+        engine_length(1000, 128, 1152)  # the call itself fits, its drafts would not
+
+
 def test_a_worker_run_becomes_a_bench_entry():
     from agentspec.backends.vllm_bench import measured_run
     from agentspec.bench import BenchSetup, method_entry
