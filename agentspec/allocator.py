@@ -3,9 +3,10 @@
 Two allocators over the same per-request candidates:
 - `agentspec_lengths`: AgentSpec's Algorithm 2 as written (redundancy score g = c/n * p(n),
   budget floor(alpha / bz), L_i = max(|CT*_i|, B_t * g_i / sum g)).
-- `CostAware`: ours. It keeps, per role and source corpus, the online hazard that a copy of
-  length L continues, turns it into the probability p_k that the k-th draft token is
-  accepted, and drafts the length n that maximizes p_1 + ... + p_n - R * C(n). C(n) is what
+- `CostAware`: ours. It keeps, per role and draft source (for the policy: the corpus and
+  whether the match's occurrences agree), the online hazard that a copy of length L
+  continues, turns it into the probability p_k that the k-th draft token is accepted, and
+  drafts the length n that maximizes p_1 + ... + p_n - R * C(n). C(n) is what
   verifying n draft tokens per row costs at this batch size, in plain decode steps (read
   off the measured cost profile, shared/spec/cost-profile.md, or lambda * n); R is the
   running speedup, so R * C(n) is what that time would have produced at the current rate.
@@ -71,7 +72,7 @@ def hazard_counts(runs: Sequence[tuple[int, int]], max_k: int) -> tuple[np.ndarr
 
 
 class CostAware:
-    """Online acceptance model: per (role, source corpus), the hazard h(L) that a copy which
+    """Online acceptance model: per (role, source), the hazard h(L) that a copy which
     already matched L tokens continues one more, from counts per copy-length bin. A draft of
     n tokens after a match of length m is accepted up to its k-th token with probability
     h(m) h(m+1) ... h(m+k-1): fresh matches and followed copies share one curve, so what

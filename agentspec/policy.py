@@ -72,13 +72,23 @@ class _Running:
     # the last retrieval, advanced while the output keeps copying it
     match: Match = field(default_factory=lambda: NO_MATCH)
     cost: float = 0.0  # what the draft being verified costs, in plain decode steps
-    source: str = ""  # corpus the match came from: S, W, G or B (block history)
+    source: str = ""  # corpus the match came from: S, W, G or B (block history); with
+    # choose="expected" its draft_kind
 
 
 def emission_forms(text: str) -> tuple[str, str]:
     """The forms a unified diff copies a file in: context lines and removed lines."""
     lines = text.splitlines()
     return ("".join(" " + l + "\n" for l in lines), "".join("-" + l + "\n" for l in lines))
+
+
+def draft_kind(source: str, m: Match) -> str:
+    """What the acceptance model keeps a hazard curve for, beside the role: the corpus and
+    whether the match's occurrences agree on what follows ("1": one occurrence, "=": all
+    agree, "~": split). A continuation every earlier occurrence took is likelier to be taken
+    again than one a vote picked."""
+    agreement = "1" if m.candidates <= 1 else "=" if m.agree == m.candidates else "~"
+    return source + agreement
 
 
 class Policy:
@@ -189,6 +199,7 @@ class Policy:
     def _retrieve(self, request: Request, run: _Running, k: int) -> tuple[str, Match]:
         found = self._candidates(request, run, k)
         if self.config.choose == "expected":
+            found = [(draft_kind(src, m), m) for src, m in found]
             return max(found, key=lambda c: self.acceptance.expected(
                 request.role, c[1].length, c[0], len(c[1].tokens)), default=("", NO_MATCH))
         best = ("", NO_MATCH)

@@ -1,5 +1,6 @@
 import json
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -9,7 +10,8 @@ from agentspec.allocator import (COPY_BINS, CostAware, agentspec_lengths, copy_b
 from agentspec.controller import Controller, KmaxError, KmaxTable, load_kmax
 from agentspec.costs import BatchCost, CostProfile, linear_costs
 from agentspec.drafter import FILE, PROMPT, TOOL, Request
-from agentspec.policy import Policy, PolicyConfig, emission_forms, ladder
+from agentspec.match import Match
+from agentspec.policy import Policy, PolicyConfig, draft_kind, emission_forms, ladder
 from agentspec.tokens import CHATML, ChatTokenizer
 from conftest import tiny_tokenizer
 
@@ -291,9 +293,30 @@ def test_expected_chooser_prefers_the_corpus_that_gets_accepted():
     p = Policy(cfg, global_seed=[[1, 2, 3, 7, 7, 7, 7, 7]])
     p.register("A", PROMPT, [1, 2, 3, 4, 5, 6])  # S and G both match [1, 2, 3]
     for _ in range(200):  # history: S's drafts fail, G's hold
-        p.acceptance.observe("code", 3, drafted=4, accepted=0, source="S")
-        p.acceptance.observe("code", 3, drafted=4, accepted=4, source="G")
+        p.acceptance.observe("code", 3, drafted=4, accepted=0, source="S1")
+        p.acceptance.observe("code", 3, drafted=4, accepted=4, source="G1")
     r = request("r", "A", [9, 1, 2, 3])
     p.start(r)
     assert p.propose([r])[0][:3] == [7, 7, 7]
-    assert p.running["r"].source == "G"
+    assert p.running["r"].source == "G1"  # one occurrence in G
+
+
+def test_draft_kind_tells_agreeing_occurrences_from_a_vote():
+    one = Match(length=3, tokens=[4], candidates=1, agree=1, agreed=1, position=0)
+    assert draft_kind("S", one) == "S1"
+    assert draft_kind("W", replace(one, candidates=3, agree=3)) == "W="
+    assert draft_kind("G", replace(one, candidates=3, agree=2)) == "G~"
+    # the policy learns each kind apart: a split vote in S does not discredit S's
+    # unanimous continuations
+    p = Policy(ladder()["full"])
+    p.register("A", PROMPT, [1, 2, 3, 4, 5, 6, 1, 2, 3, 4, 5, 6, 7, 8, 9, 4, 7, 8, 9, 5])
+    for _ in range(200):
+        p.acceptance.observe("code", 3, drafted=4, accepted=0, source="S~")
+        p.acceptance.observe("code", 3, drafted=4, accepted=4, source="S=")
+    split = request("r", "A", [0, 7, 8, 9])  # [7, 8, 9] went on to 4 once and 5 once
+    whole = request("q", "A", [0, 1, 2, 3])  # [1, 2, 3] went on to 4, 5, 6 both times
+    p.start(split)
+    p.start(whole)
+    drafts = p.propose([split, whole])
+    assert drafts[0] == [] and drafts[1][:4] == [4, 5, 6, 7]  # the most recent occurrence
+    assert (p.running["r"].source, p.running["q"].source) == ("S~", "S=")
