@@ -76,17 +76,27 @@ class CostAware:
     already matched L tokens continues one more, from counts per copy-length bin. A draft of
     n tokens after a match of length m is accepted up to its k-th token with probability
     h(m) h(m+1) ... h(m+k-1): fresh matches and followed copies share one curve, so what
-    the model learns at any length serves every draft that reaches it."""
+    the model learns at any length serves every draft that reaches it.
+
+    Counts are pooled in two levels: a role's curve over all sources starts from the Kmax
+    profile's prior (replayed traces, often another model's outputs) and learns from every
+    draft; a source's own counts are shrunk toward it with `source_weight` pseudo-trials.
+    So a source seen rarely starts from what the model being served does elsewhere, not
+    from the traces' prior, and a well-observed source stands on its own counts."""
 
     def __init__(self, max_k: int = 64,
                  prior: dict[str, tuple[Sequence[float], Sequence[float]]] | None = None,
-                 prior_weight: float = 16.0, window: float = 2000.0):
+                 prior_weight: float = 16.0, source_weight: float = 8.0,
+                 window: float = 2000.0):
         self.max_k = max_k
         self.prior = prior or {}
         self.prior_weight = prior_weight
+        self.source_weight = source_weight
         self.window = window  # a bin's counts are halved past this many trials: follows drift
-        self.trials: dict[tuple[str, str], np.ndarray] = {}
-        self.hits: dict[tuple[str, str], np.ndarray] = {}
+        # (trials, hits) per copy-length bin: per role over every source, prior included,
+        # and per (role, source), observations only
+        self.pool: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        self.by_source: dict[tuple[str, str], tuple[np.ndarray, np.ndarray]] = {}
         self.tokens = self.cost = 1.0  # decayed sums behind the running speedup R
 
     @property
@@ -101,9 +111,9 @@ class CostAware:
         self.tokens = self.tokens * decay + accepted + 1
         self.cost = self.cost * decay + 1 + cost
 
-    def _counts(self, role: str, source: str) -> tuple[np.ndarray, np.ndarray]:
-        key = (role, source)
-        if key not in self.trials:
+    def _pooled(self, role: str) -> tuple[np.ndarray, np.ndarray]:
+        """The role's counts over every source, starting from the profile's prior."""
+        if role not in self.pool:
             hazard, weight = np.full(COPY_BINS, 0.8), np.full(COPY_BINS, 4.0)
             if role in self.prior:
                 trials, hits = (np.asarray(a, dtype=np.float64) for a in self.prior[role])
@@ -115,16 +125,23 @@ class CostAware:
                     idx[idx < 0] = int(np.argmax(seen))
                     hazard = hits[idx] / trials[idx]
                     weight = np.where(seen, np.minimum(trials, self.prior_weight), 2.0)
-            self.trials[key] = weight.copy()
-            self.hits[key] = weight * hazard
-        return self.trials[key], self.hits[key]
+            self.pool[role] = (weight.copy(), weight * hazard)
+        return self.pool[role]
+
+    def hazard(self, role: str, source: str) -> np.ndarray:
+        """h per copy-length bin: the source's own counts, shrunk toward the role's pooled
+        hazard, so a source seen rarely borrows what this model does on all the others."""
+        pt, ph = self._pooled(role)
+        if (role, source) not in self.by_source:
+            return ph / pt
+        t, h = self.by_source[role, source]
+        w = self.source_weight
+        return (h + w * ph / pt) / (t + w)
 
     def accept_probs(self, role: str, m: int, source: str = "", n: int | None = None) -> np.ndarray:
         """P(draft token k is accepted), k = 1..n (default max_k), after a match of length m."""
-        trials, hits = self._counts(role, source)
         n = self.max_k if n is None else n
-        bins = copy_bins(m + np.arange(n))
-        return np.cumprod(hits[bins] / trials[bins])
+        return np.cumprod(self.hazard(role, source)[copy_bins(m + np.arange(n))])
 
     def length(self, role: str, m: int, cap: int, costs: np.ndarray, source: str = "") -> int:
         """The draft length n <= cap that gains most: expected accepted tokens minus what
@@ -148,15 +165,19 @@ class CostAware:
         would have been accepted."""
         if drafted <= 0 or m <= 0:
             return
-        trials, hits = self._counts(role, source)
+        if (role, source) not in self.by_source:
+            self.by_source[role, source] = (np.zeros(COPY_BINS), np.zeros(COPY_BINS))
+        counts = (self._pooled(role), self.by_source[role, source])
         for j in range(min(accepted + 1, drafted)):
-            self._count(trials, hits, copy_bin(m + j), j < accepted)
+            self._count(counts, copy_bin(m + j), j < accepted)
         if bonus is not None:  # the position just past the draft
-            self._count(trials, hits, copy_bin(m + drafted), bonus)
+            self._count(counts, copy_bin(m + drafted), bonus)
 
-    def _count(self, trials: np.ndarray, hits: np.ndarray, b: int, hit: bool) -> None:
-        trials[b] += 1
-        hits[b] += hit
-        if trials[b] > self.window:
-            trials[b] *= 0.5
-            hits[b] *= 0.5
+    def _count(self, counts: Sequence[tuple[np.ndarray, np.ndarray]], b: int,
+               hit: bool) -> None:
+        for trials, hits in counts:
+            trials[b] += 1
+            hits[b] += hit
+            if trials[b] > self.window:
+                trials[b] *= 0.5
+                hits[b] *= 0.5

@@ -133,6 +133,22 @@ def test_cost_aware_learns_acceptance():
                                                                                costs)
 
 
+def test_a_rarely_seen_source_borrows_what_the_model_does_elsewhere():
+    prior = {"code": ([16.0] * COPY_BINS, [15.0] * COPY_BINS)}  # the traces: copies hold
+    model = CostAware(max_k=8, prior=prior)
+    assert model.accept_probs("code", 5, "G1", 1)[0] == pytest.approx(15 / 16)
+    for _ in range(300):  # the model being served breaks copies of S at length 5
+        model.observe("code", 5, drafted=1, accepted=0, source="S1")
+    # G1 never drafted: it starts from the role's pooled curve, not the traces' prior
+    assert model.accept_probs("code", 5, "G1", 1)[0] < 0.1
+    for _ in range(300):  # until its own counts say otherwise
+        model.observe("code", 5, drafted=1, accepted=1, source="G1")
+    assert model.accept_probs("code", 5, "G1", 1)[0] > 0.9
+    assert model.accept_probs("code", 5, "S1", 1)[0] < 0.1
+    # another role keeps its own prior
+    assert model.accept_probs("review", 5, "G1", 1)[0] == pytest.approx(0.8)
+
+
 def test_cost_aware_drafts_where_the_measured_cost_curve_pays():
     model = CostAware(max_k=16)
     for _ in range(300):  # every token accepted with probability 0.9
