@@ -52,7 +52,7 @@ def bench(
                                 "recorded outputs), [b]mlx[/] or [b]vllm[/] (a real model "
                                 "generates every call with every method)."),
     sessions: Optional[int] = typer.Option(None, help="Sample this many sessions (default: all)."),
-    seed: int = typer.Option(0, help="Seed of the session sample."),
+    seed: int = typer.Option(0, help="Seed of the task split and the session sample."),
     methods: str = typer.Option("plain,ngram,suffix", help="Comma-separated methods."),
     batch: str = typer.Option("1", help="Sessions run concurrently (replay: in lockstep). "
                               "vllm: comma-separated sizes, one report each; --json and --plot "
@@ -161,10 +161,11 @@ def bench(
         setup.kmax = table
     except _user_errors() as e:
         fail(str(e))
+    sample = {"seed": seed, "task_split": split, "profile_sessions": len(held_tok)}
     if backend == "mlx":
         _bench_mlx(tokenized, names, setup, model=model, dtype=dtype, max_tokens=max_tokens,
                    max_prompt_tokens=max_prompt_tokens, traces=[str(t) for t in traces],
-                   json_out=json_out, plot_out=plot_out)
+                   json_out=json_out, plot_out=plot_out, sample=sample)
         return
     if backend == "vllm":
         from agentspec.backends.vllm_bench import VLLMError, run_cli as run_vllm
@@ -184,7 +185,7 @@ def bench(
         for r in results:
             b = r.report["batch"]
             _emit(r.report, per_size(json_out, b), per_size(plot_out, b),
-                  measured_table(r.report))
+                  measured_table(r.report), sample=sample)
         return
     total = sum(s.output_tokens for s in tokenized)
     with _progress() as bar:
@@ -198,13 +199,16 @@ def bench(
         result = run_replay_bench(tokenized, names, batch=sizes[0], model=tok.name,
                                   traces=[str(t) for t in traces], setup=setup,
                                   progress=tick)
-    _emit(result.report, json_out, plot_out)
+    _emit(result.report, json_out, plot_out, sample=sample)
 
 
-def _emit(report: dict, json_out: Optional[Path], plot_out: Optional[Path], *extra) -> None:
-    """Print a bench report (plus extra tables), and write its JSON and plot if asked."""
+def _emit(report: dict, json_out: Optional[Path], plot_out: Optional[Path], *extra,
+          sample: dict) -> None:
+    """Print a bench report (plus extra tables), and write its JSON and plot if asked.
+    `sample` says how the sessions were chosen, so that the run can be repeated."""
     from agentspec.bench import plot, write_json
 
+    report.update(sample)
     out.print(report_table(report))
     for table in extra:
         out.print(table)
@@ -216,7 +220,7 @@ def _emit(report: dict, json_out: Optional[Path], plot_out: Optional[Path], *ext
         console.print(f"wrote {plot_out}")
 
 
-def _bench_mlx(tokenized, names, setup, *, json_out, plot_out, **options) -> None:
+def _bench_mlx(tokenized, names, setup, *, json_out, plot_out, sample, **options) -> None:
     from agentspec.backends.mlx import MLXError
     from agentspec.backends.mlx_bench import run_cli
     from agentspec.bench import measured_table
@@ -225,7 +229,7 @@ def _bench_mlx(tokenized, names, setup, *, json_out, plot_out, **options) -> Non
         report = run_cli(tokenized, names, setup, console=console, **options).report
     except (MLXError, *_user_errors()) as e:
         fail(str(e))
-    _emit(report, json_out, plot_out, measured_table(report))
+    _emit(report, json_out, plot_out, measured_table(report), sample=sample)
 
 
 @app.command("profile-lambda")

@@ -309,6 +309,12 @@ class Corpus:
     def __len__(self) -> int:
         return self._held
 
+    def reaches_open_end(self, m: Match) -> bool:
+        """Whether m's continuation runs up to the last token held, in a document still
+        being written (no end_document since)."""
+        return (m.position >= 0 and m.position + len(m.tokens) == self._dropped + self._held
+                and self._n > 0 and self._buf[self._n - 1] != BOUNDARY)
+
     @property
     def nbytes(self) -> int:
         """Bytes held by the token buffer, the runs and the tail."""

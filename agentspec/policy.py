@@ -11,7 +11,8 @@ mechanisms on:
 - length: fixed, AgSpec's alpha controller with per-role Kmax, AgentSpec's Algorithm 2,
   or our cost-aware allocator.
 - following (ours): while the output keeps copying the continuation last drafted from,
-  keep reading it instead of searching again.
+  keep reading it instead of searching again; a continuation that runs into the output
+  being written (the output repeats itself) goes on repeating, as an overlapping copy does.
 Sessions never see each other's S, W or block history.
 """
 
@@ -187,14 +188,25 @@ class Policy:
             key = (request.agent, request.query, label)
             # outside every block, S already holds all of the block history: skip it
             if key in st.blocks and (label is not None or cfg.isolate_only):
-                found.append(("B", st.blocks[key].match(ctx, k)))
+                found.append(("B", self._written(st.blocks[key], ctx, k)))
             if cfg.isolate_only:
                 return found
-        for source, corpus in (("S", st.s if cfg.session else None),
-                               ("W", st.w if cfg.workspace else None), ("G", self.g)):
+        if cfg.session and len(st.s):
+            found.append(("S", self._written(st.s, ctx, k)))
+        for source, corpus in (("W", st.w if cfg.workspace else None), ("G", self.g)):
             if corpus is not None and len(corpus):
                 found.append((source, corpus.match(ctx, k)))
         return [(src, m) for src, m in found if m.length]
+
+    def _written(self, corpus: Corpus, ctx: list[int], k: int) -> Match:
+        """The match in a corpus the output is being appended to. With `follow`, a
+        continuation that runs up to the output's last token (the output is repeating
+        itself) goes on repeating that stretch, as an overlapping copy does: the next tokens
+        of the copy are the ones it is about to write."""
+        m = corpus.match(ctx, k)
+        if self.config.follow and 0 < len(m.tokens) < k and corpus.reaches_open_end(m):
+            m = replace(m, tokens=(m.tokens * (k // len(m.tokens) + 1))[:k])
+        return m
 
     def _retrieve(self, request: Request, run: _Running, k: int) -> tuple[str, Match]:
         found = self._candidates(request, run, k)

@@ -27,6 +27,8 @@ def test_bench_writes_the_report_and_plot(tmp_path, trace, tiny_model_dir):
     assert list(report["methods"]) == ["plain", "ngram", "suffix", "full"]
     assert report["methods"]["plain"]["al"] == 1.0
     assert report["sessions"] < 8  # the other tasks went to profiling
+    assert (report["seed"], report["task_split"]) == (0, True)  # how to repeat the sample
+    assert report["profile_sessions"] == 8 - report["sessions"]
     assert (tmp_path / "r.png").stat().st_size > 1000
 
 

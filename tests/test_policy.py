@@ -206,6 +206,22 @@ def test_drafts_grow_while_the_output_keeps_copying():
         lengths.append(len(draft))
     assert max(lengths[-5:]) > 8
 
+
+def test_an_output_repeating_itself_is_drafted_past_its_period():
+    loop = [7, 8, 9]
+    for follow, draft in ((False, loop), (True, (loop * 4)[:10])):
+        p = Policy(PolicyConfig("x", fixed_k=10, follow=follow))
+        r = request("r", "A", [1, 2, 3, 4], output=loop * 3)
+        p.start(r)
+        assert p.propose([r])[0] == draft
+    # a continuation that stops at a document's end is not a loop
+    p = Policy(PolicyConfig("x", fixed_k=10, follow=True))
+    p.register("A", PROMPT, [5, 6, 7, 8, 9])
+    r = request("r", "A", [5, 6])
+    p.start(r)
+    assert p.propose([r])[0] == [7, 8, 9]
+
+
 # --- corpora ----------------------------------------------------------------------------
 def request(rid, session, tokens, role="code", output=()):
     return Request(id=rid, session=session, tokens=list(tokens) + list(output),
