@@ -71,6 +71,16 @@ def hazard_counts(runs: Sequence[tuple[int, int]], max_k: int) -> tuple[np.ndarr
     return trials, hits
 
 
+# what one observation at a copy length adds to its bin and to the two on either side:
+# copies of nearly the same length break alike, and one bin per length learns slowly alone
+_SPREAD = np.array([0.25, 0.5, 1.0, 0.5, 0.25])
+
+
+def _spread(counts: np.ndarray) -> np.ndarray:
+    """Counts per bin (the prior's) spread as `CostAware.observe` spreads observations."""
+    return np.convolve(counts, _SPREAD, mode="same")
+
+
 class CostAware:
     """Online acceptance model: per (role, source), the hazard h(L) that a copy which
     already matched L tokens continues one more, from counts per copy-length bin. A draft of
@@ -78,11 +88,12 @@ class CostAware:
     h(m) h(m+1) ... h(m+k-1): fresh matches and followed copies share one curve, so what
     the model learns at any length serves every draft that reaches it.
 
-    Counts are pooled in two levels: a role's curve over all sources starts from the Kmax
-    profile's prior (replayed traces, often another model's outputs) and learns from every
-    draft; a source's own counts are shrunk toward it with `source_weight` pseudo-trials.
-    So a source seen rarely starts from what the model being served does elsewhere, not
-    from the traces' prior, and a well-observed source stands on its own counts."""
+    Each count is spread over its neighbouring bins (`_SPREAD`), and counts are pooled in
+    two levels: a role's curve over all sources starts from the Kmax profile's prior
+    (replayed traces, often another model's outputs) and learns from every draft; a
+    source's own counts are shrunk toward it with `source_weight` pseudo-trials. So a
+    source seen rarely starts from what the model being served does elsewhere, not from
+    the traces' prior, and a well-observed source stands on its own counts."""
 
     def __init__(self, max_k: int = 64,
                  prior: dict[str, tuple[Sequence[float], Sequence[float]]] | None = None,
@@ -125,7 +136,7 @@ class CostAware:
                     idx[idx < 0] = int(np.argmax(seen))
                     hazard = hits[idx] / trials[idx]
                     weight = np.where(seen, np.minimum(trials, self.prior_weight), 2.0)
-            self.pool[role] = (weight.copy(), weight * hazard)
+            self.pool[role] = (_spread(weight), _spread(weight * hazard))
         return self.pool[role]
 
     def hazard(self, role: str, source: str) -> np.ndarray:
@@ -165,19 +176,21 @@ class CostAware:
         would have been accepted."""
         if drafted <= 0 or m <= 0:
             return
+        # position j of the draft continues a copy of length m + j: reached when
+        # j <= accepted, a hit when j < accepted; then the bonus position, when known
+        reached = min(accepted + 1, drafted)
+        lengths = m + np.arange(reached + (bonus is not None))
+        hit = lengths < m + accepted
+        if bonus is not None:
+            hit[-1] = bonus
+        bins = copy_bins(lengths)
+        trials = _spread(np.bincount(bins, minlength=COPY_BINS).astype(np.float64))
+        hits = _spread(np.bincount(bins, weights=hit, minlength=COPY_BINS))
         if (role, source) not in self.by_source:
             self.by_source[role, source] = (np.zeros(COPY_BINS), np.zeros(COPY_BINS))
-        counts = (self._pooled(role), self.by_source[role, source])
-        for j in range(min(accepted + 1, drafted)):
-            self._count(counts, copy_bin(m + j), j < accepted)
-        if bonus is not None:  # the position just past the draft
-            self._count(counts, copy_bin(m + drafted), bonus)
-
-    def _count(self, counts: Sequence[tuple[np.ndarray, np.ndarray]], b: int,
-               hit: bool) -> None:
-        for trials, hits in counts:
-            trials[b] += 1
-            hits[b] += hit
-            if trials[b] > self.window:
-                trials[b] *= 0.5
-                hits[b] *= 0.5
+        for t, h in (self._pooled(role), self.by_source[role, source]):
+            t += trials
+            h += hits
+            full = t > self.window  # halve full bins: the model follows drift
+            t[full] *= 0.5
+            h[full] *= 0.5

@@ -140,13 +140,22 @@ def test_a_rarely_seen_source_borrows_what_the_model_does_elsewhere():
     for _ in range(300):  # the model being served breaks copies of S at length 5
         model.observe("code", 5, drafted=1, accepted=0, source="S1")
     # G1 never drafted: it starts from the role's pooled curve, not the traces' prior
-    assert model.accept_probs("code", 5, "G1", 1)[0] < 0.1
+    assert model.accept_probs("code", 5, "G1", 1)[0] < 0.2
     for _ in range(300):  # until its own counts say otherwise
         model.observe("code", 5, drafted=1, accepted=1, source="G1")
     assert model.accept_probs("code", 5, "G1", 1)[0] > 0.9
-    assert model.accept_probs("code", 5, "S1", 1)[0] < 0.1
+    assert model.accept_probs("code", 5, "S1", 1)[0] < 0.2
     # another role keeps its own prior
     assert model.accept_probs("review", 5, "G1", 1)[0] == pytest.approx(0.8)
+
+
+def test_copies_of_neighbouring_lengths_learn_together():
+    model = CostAware(max_k=8)
+    far = model.accept_probs("code", 30, n=1)[0]
+    for _ in range(200):  # copies of length 10 break
+        model.observe("code", 10, drafted=1, accepted=0)
+    assert model.accept_probs("code", 11, n=1)[0] < 0.5  # so do those of length 11
+    assert model.accept_probs("code", 30, n=1)[0] == far  # not those much longer
 
 
 def test_cost_aware_drafts_where_the_measured_cost_curve_pays():
