@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The method ladder on both recorded trace files, at batch 1 (lambda 0.2) and batch 16
-# (lambda 0.5): the figures of the drafting-core issue. Reports land in results/ladder/.
+# (lambda 0.5): the figures of the drafting-core issue, then the copy bound of each trace (what
+# no copying drafter can beat, on the same sessions). Reports land in results/ladder/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TRACES=${TRACES:-../shared/traces}
@@ -16,4 +17,6 @@ for trace in acr-run-1 sweagent-gpt4-run-1; do
       --sessions "$SESSIONS" --batch "$1" --lambda "$2" --methods "$METHODS" \
       --structure "$STRUCTURE" --json "$out.json" --plot "$out.png" | tee "$out.txt"
   done
+  .venv/bin/python scripts/copy_bound.py --traces "$TRACES/$trace.jsonl.gz" \
+    --sessions "$SESSIONS" --json "results/ladder/$trace-bound.json" | tee "results/ladder/$trace-bound.txt"
 done

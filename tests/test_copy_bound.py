@@ -1,0 +1,66 @@
+"""scripts/copy_bound.py: the copy bound on hand-made calls, and on a trace it bounds the ladder."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from agentspec.cli import app
+from conftest import session_obj, write_jsonl
+
+SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "copy_bound.py"
+
+
+@pytest.fixture(scope="module")
+def cb():
+    spec = importlib.util.spec_from_file_location("copy_bound", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def arr(*tokens: int) -> np.ndarray:
+    return np.asarray(tokens, np.int64)
+
+
+def test_a_loop_is_copied_from_its_first_period_never_from_itself(cb):
+    out = arr(5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7, 8)
+    empty = cb.Occurrences(arr(), 2)
+    # [7, 8] and [8, 5] occur only where they are being written; [5, 6] first occurred at the
+    # start, and the copy from there runs on through the output it is writing
+    assert cb.call_bound(arr(1, 2, 3), out, None, empty, 2, 64) == [0, 0, 0, 0, 0, 0, 6]
+
+
+def test_g_copies_need_the_context_length_and_stop_at_max_k(cb):
+    g_text = arr(9, 5, 6, 7, -1)
+    assert cb.call_bound(arr(9), arr(5, 6, 7), None, cb.Occurrences(g_text, 1), 1, 64) == [3]
+    assert cb.call_bound(arr(9), arr(5, 6, 7), None, cb.Occurrences(g_text, 2), 2, 64) == [0, 2]
+    assert cb.call_bound(arr(9), arr(5, 6, 7), None, cb.Occurrences(g_text, 1), 1, 2) == [2]
+
+
+def test_the_best_occurrence_wins_not_the_latest(cb):
+    earlier = cb.Occurrences(arr(1, 2, 3, 4, -1, 1, 2, 9), 2)
+    assert cb.call_bound(arr(1, 2), arr(3, 4), earlier, cb.Occurrences(arr(), 2), 2, 64) == [2]
+
+
+def test_no_drafter_of_the_ladder_beats_the_bound(cb, tmp_path, tiny_model_dir):
+    trace = write_jsonl(tmp_path / "t.jsonl", [session_obj(f"s{i}", task=f"task{i}")
+                                               for i in range(8)])
+    r = CliRunner().invoke(app, ["bench", "--model", str(tiny_model_dir), "--traces", str(trace),
+                                 "--methods", "plain,global,full", "--json",
+                                 str(tmp_path / "r.json")])
+    assert r.exit_code == 0, r.output
+    report = json.loads((tmp_path / "r.json").read_text())
+    rows = cb.main(["--traces", str(trace), "--model", str(tiny_model_dir), "--context", "2,3",
+                    "--json", str(tmp_path / "b.json")])
+    bound = {row["context"]: row for row in rows}
+    assert bound[2]["output_tokens"] == report["methods"]["full"]["output_tokens"]
+    assert bound[2]["al"] >= bound[3]["al"] > 1.0  # the second patch repeats the first
+    for method in ("global", "full"):  # both draft from matches of 2 tokens or more
+        assert report["methods"][method]["al"] <= bound[2]["al"] + 1e-9
+    assert json.loads((tmp_path / "b.json").read_text())["bounds"] == rows
