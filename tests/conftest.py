@@ -1,7 +1,8 @@
-"""Shared fixtures: a tiny byte-level BPE model folder and hand-made trace files."""
+"""Shared fixtures: a tiny byte-level BPE model folder, hand-made trace files, scripts/."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -106,3 +107,12 @@ def model_folder(tmp_path_factory):
     m = random_init(llama.Model(llama.ModelArgs.from_dict(config)), 3)
     mx.save_safetensors(str(d / "model.safetensors"), dict(tree_flatten(m.parameters())))
     return d
+
+
+def load_script(name: str):
+    """A module of scripts/ (they are run as files, not installed)."""
+    path = Path(__file__).resolve().parent.parent / "scripts" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod

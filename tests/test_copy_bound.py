@@ -2,26 +2,19 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 from typer.testing import CliRunner
 
 from agentspec.cli import app
-from conftest import session_obj, write_jsonl
-
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "copy_bound.py"
+from conftest import load_script, session_obj, write_jsonl
 
 
 @pytest.fixture(scope="module")
 def cb():
-    spec = importlib.util.spec_from_file_location("copy_bound", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("copy_bound")
 
 
 def arr(*tokens: int) -> np.ndarray:

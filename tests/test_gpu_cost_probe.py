@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
@@ -11,16 +10,12 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from agentspec.costs import load_profile  # noqa: E402
-
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "gpu_cost_probe.py"
+from conftest import load_script  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def probe():
-    spec = importlib.util.spec_from_file_location("gpu_cost_probe", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("gpu_cost_probe")
 
 
 def tiny_args(out: Path, *extra: str) -> list[str]:
