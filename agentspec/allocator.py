@@ -16,7 +16,7 @@ Two allocators over the same per-request candidates:
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Sequence, Union
 
 import numpy as np
 
@@ -74,26 +74,58 @@ def hazard_counts(runs: Sequence[tuple[int, int]], max_k: int) -> tuple[np.ndarr
 # what one observation at a copy length adds to its bin and to the two on either side:
 # copies of nearly the same length break alike, and one bin per length learns slowly alone
 _SPREAD = np.array([0.25, 0.5, 1.0, 0.5, 0.25])
+_OFFSETS = np.arange(-2, 3)
+# CostAware's tables keep two empty bins on each side of a row, so an observation spreads
+# without bounds checks (what lands there is never read)
+_PAD = 2
+_WIDTH = COPY_BINS + 2 * _PAD
+_SPREAD_ROWS = np.tile(_SPREAD, (257, 1))  # one row per draft position
 
 
-def _spread(counts: np.ndarray) -> np.ndarray:
+def spread(counts: np.ndarray) -> np.ndarray:
     """Counts per bin (the prior's) spread as `CostAware.observe` spreads observations."""
     return np.convolve(counts, _SPREAD, mode="same")
 
 
-class CostAware:
-    """Online acceptance model: per (role, source), the hazard h(L) that a copy which
-    already matched L tokens continues one more, from counts per copy-length bin. A draft of
-    n tokens after a match of length m is accepted up to its k-th token with probability
-    h(m) h(m+1) ... h(m+k-1): fresh matches and followed copies share one curve, so what
-    the model learns at any length serves every draft that reaches it.
+# Beside its kind (where a draft comes from) and copy length, what is known of each draft
+# token: whether another candidate drafts the same path there (alone, agreed, or the closest
+# one drafts another token: an agreement state), and what kind of token it is (mid-word, new
+# word, newline, punctuation). Every combination has its own curve: a draft token's row is
+# kind * MODIFIERS + state * TOKEN_CLASSES + token class.
+ALONE, AGREED, SPLIT = 0, 1, 2
+TOKEN_CLASSES = 4
+MODIFIERS = 3 * TOKEN_CLASSES
 
-    Each count is spread over its neighbouring bins (`_SPREAD`), and counts are pooled in
-    two levels: a role's curve over all sources starts from the Kmax profile's prior
+Kinds = Union[str, np.ndarray]  # one kind for a whole draft, or each token's row
+
+
+def token_classes(token_bytes: Sequence[bytes]) -> np.ndarray:
+    """Per token id: 0 inside a word (or empty), 1 starts a word, 2 holds a newline,
+    3 punctuation. Whether a copy goes on is decided mostly at word boundaries."""
+    def cls(b: bytes) -> int:
+        if not b or b[:1].isalnum():
+            return 0
+        if b"\n" in b:
+            return 2
+        return 1 if b[:1] in (b" ", b"\t") else 3
+
+    return np.array([cls(b) for b in token_bytes], dtype=np.intp)
+
+
+class CostAware:
+    """Online acceptance model: per role and draft token row (kind and modifiers, see
+    MODIFIERS), the hazard h(L) that a draft token continuing a context of L matched tokens
+    is accepted too, from counts per copy-length bin. A draft of n tokens after a match of
+    length m is accepted up to its k-th token with probability h(m) h(m+1) ... h(m+k-1):
+    fresh matches and followed copies share one curve, so what the model learns at any
+    length serves every draft that reaches it.
+
+    Each count is spread over its neighbouring bins (`spread`), and counts are pooled in
+    two levels: a role's curve over all rows starts from the Kmax profile's prior
     (replayed traces, often another model's outputs) and learns from every draft; a
-    source's own counts are shrunk toward it with `source_weight` pseudo-trials. So a
-    source seen rarely starts from what the model being served does elsewhere, not from
-    the traces' prior, and a well-observed source stands on its own counts."""
+    row's own counts are shrunk toward it with `source_weight` pseudo-trials. So a
+    row seen rarely starts from what the model being served does elsewhere, not from
+    the traces' prior, and a well-observed row stands on its own counts."""
 
     def __init__(self, max_k: int = 64,
                  prior: dict[str, tuple[Sequence[float], Sequence[float]]] | None = None,
@@ -104,10 +136,11 @@ class CostAware:
         self.prior_weight = prior_weight
         self.source_weight = source_weight
         self.window = window  # a bin's counts are halved past this many trials: follows drift
-        # (trials, hits) per copy-length bin: per role over every source, prior included,
-        # and per (role, source), observations only
+        # (trials, hits) per copy-length bin: per role over every row, prior included, and
+        # per role as flat (row x bin) tables, observations only
         self.pool: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-        self.by_source: dict[tuple[str, str], tuple[np.ndarray, np.ndarray]] = {}
+        self.kinds: dict[str, int] = {}  # draft kind -> its index (rows index * MODIFIERS on)
+        self.by_row: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         self.tokens = self.cost = 1.0  # decayed sums behind the running speedup R
 
     @property
@@ -123,7 +156,7 @@ class CostAware:
         self.cost = self.cost * decay + 1 + cost
 
     def _pooled(self, role: str) -> tuple[np.ndarray, np.ndarray]:
-        """The role's counts over every source, starting from the profile's prior."""
+        """The role's counts over every kind, starting from the profile's prior."""
         if role not in self.pool:
             hazard, weight = np.full(COPY_BINS, 0.8), np.full(COPY_BINS, 4.0)
             if role in self.prior:
@@ -136,61 +169,116 @@ class CostAware:
                     idx[idx < 0] = int(np.argmax(seen))
                     hazard = hits[idx] / trials[idx]
                     weight = np.where(seen, np.minimum(trials, self.prior_weight), 2.0)
-            self.pool[role] = (_spread(weight), _spread(weight * hazard))
+            self.pool[role] = (np.pad(spread(weight), _PAD), np.pad(spread(weight * hazard), _PAD))
         return self.pool[role]
 
-    def hazard(self, role: str, source: str) -> np.ndarray:
-        """h per copy-length bin: the source's own counts, shrunk toward the role's pooled
-        hazard, so a source seen rarely borrows what this model does on all the others."""
-        pt, ph = self._pooled(role)
-        if (role, source) not in self.by_source:
-            return ph / pt
-        t, h = self.by_source[role, source]
-        w = self.source_weight
-        return (h + w * ph / pt) / (t + w)
+    def kind(self, name: str) -> int:
+        """The first row of a draft kind (its tokens alone, of class 0)."""
+        if name not in self.kinds:
+            self.kinds[name] = len(self.kinds)
+        return self.kinds[name] * MODIFIERS
 
-    def accept_probs(self, role: str, m: int, source: str = "", n: int | None = None) -> np.ndarray:
-        """P(draft token k is accepted), k = 1..n (default max_k), after a match of length m."""
-        n = self.max_k if n is None else n
-        return np.cumprod(self.hazard(role, source)[copy_bins(m + np.arange(n))])
+    def _tables(self, role: str) -> tuple[np.ndarray, np.ndarray]:
+        """The role's flat (trials, hits) per row and bin, grown to every known kind."""
+        size = len(self.kinds) * MODIFIERS * _WIDTH
+        t, h = self.by_row.get(role, (np.zeros(0),) * 2)
+        if len(t) < size:
+            t, h = (np.concatenate([a, np.zeros(size - len(a))]) for a in (t, h))
+            self.by_row[role] = (t, h)
+        return t, h
+
+    def _cells(self, m: int, kinds: Kinds, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """Where draft positions 1..n after a match of length m are counted: (index into
+        the role's tables, index into its pooled curve)."""
+        rows = np.full(n, self.kind(kinds)) if isinstance(kinds, str) else kinds[:n]
+        at = copy_bins(m + np.arange(n)) + _PAD
+        return rows * _WIDTH + at, at
+
+    def hazard(self, role: str, source: str) -> np.ndarray:
+        """h per copy-length bin of one kind (alone, class 0): its own counts, shrunk toward
+        the role's pooled hazard, so a kind seen rarely borrows what this model does on all
+        the others."""
+        start = self.kind(source) * _WIDTH + _PAD
+        t, h = self._tables(role)
+        pt, ph = (a[_PAD:-_PAD] for a in self._pooled(role))
+        w = self.source_weight
+        cells = slice(start, start + COPY_BINS)
+        return (h[cells] + w * ph / pt) / (t[cells] + w)
+
+    def accept_probs(self, role: str, m: int, source: Kinds = "",
+                     n: int | None = None) -> np.ndarray:
+        """P(draft token k is accepted), k = 1..n (default max_k, or every row given), after
+        a match of length m; `source` is the draft's kind, or each token's row."""
+        n = (self.max_k if isinstance(source, str) else len(source)) if n is None else n
+        return self.draft_probs(role, [(m, source, n)])[0]
+
+    def draft_probs(self, role: str, drafts: Sequence[tuple[int, Kinds, int]]) -> list[np.ndarray]:
+        """`accept_probs` of several drafts (m, kinds, n) at once: one pass over the tables."""
+        cells, at = (np.concatenate(parts) for parts in zip(
+            *(self._cells(m, kinds, n) for m, kinds, n in drafts)))
+        t, h = self._tables(role)
+        pt, ph = self._pooled(role)
+        w = self.source_weight
+        hazards = (h[cells] + w * ph[at] / pt[at]) / (t[cells] + w)
+        out, start = [], 0
+        for _, _, n in drafts:
+            out.append(np.cumprod(hazards[start:start + n]))
+            start += n
+        return out
 
     def length(self, role: str, m: int, cap: int, costs: np.ndarray, source: str = "") -> int:
-        """The draft length n <= cap that gains most: expected accepted tokens minus what
-        the n tokens cost (costs[n], in plain steps) times R, each step's worth in tokens.
-        With linear costs lambda * n this drafts token k while p_k >= lambda * R."""
+        """The draft length n <= cap that gains most (see `best_length`)."""
         if m <= 0 or cap <= 0:
             return 0
         n = min(cap, self.max_k, len(costs) - 1)
-        p = self.accept_probs(role, m, source, n)
-        gain = np.concatenate(([0.0], np.cumsum(p))) - self.rate * np.asarray(costs[: n + 1])
-        return int(np.argmax(gain))
+        return best_length(self.accept_probs(role, m, source, n), costs, self.rate)[0]
 
-    def expected(self, role: str, m: int, source: str, n: int) -> float:
-        """Expected accepted tokens of an n-token draft."""
-        return float(np.sum(self.accept_probs(role, m, source, min(n, self.max_k)))) \
-            if m > 0 else 0.0
+    def observe(self, role: str, m: int, known: int, matched: int, source: Kinds = "") -> None:
+        """Score a draft after a match of length m against the target: its tokens are known
+        at the first `known` draft positions, and the first `matched` equal the draft's.
+        Positions up to the first mismatch are trials. A draft is scored whether or not it
+        was sent: the target's token after a fully accepted draft, or the tokens it wrote
+        over a draft the policy passed over, teach positions no sent draft reached."""
+        self.observe_drafts(role, [(m, source, known, matched)])
 
-    def observe(self, role: str, m: int, drafted: int, accepted: int,
-                source: str = "", bonus: bool | None = None) -> None:
-        """A verified draft; `bonus`, when known, says whether draft token drafted + 1
-        would have been accepted."""
-        if drafted <= 0 or m <= 0:
+    def observe_drafts(self, role: str, scores: Sequence[tuple[int, Kinds, int, int]]) -> None:
+        """`observe` of several drafts (m, kinds, known, matched) at once."""
+        parts = []
+        for m, kinds, known, matched in scores:
+            reached = min(matched + 1, known)
+            if reached > 0 and m > 0:
+                cells, at = self._cells(m, kinds, reached)
+                hits = _SPREAD_ROWS[:reached].copy()  # each position adds _SPREAD around its bin
+                hits[matched:] = 0.0
+                parts.append((cells, at, _SPREAD_ROWS[:reached].ravel(), hits.ravel()))
+        if not parts:
             return
-        # position j of the draft continues a copy of length m + j: reached when
-        # j <= accepted, a hit when j < accepted; then the bonus position, when known
-        reached = min(accepted + 1, drafted)
-        lengths = m + np.arange(reached + (bonus is not None))
-        hit = lengths < m + accepted
-        if bonus is not None:
-            hit[-1] = bonus
-        bins = copy_bins(lengths)
-        trials = _spread(np.bincount(bins, minlength=COPY_BINS).astype(np.float64))
-        hits = _spread(np.bincount(bins, weights=hit, minlength=COPY_BINS))
-        if (role, source) not in self.by_source:
-            self.by_source[role, source] = (np.zeros(COPY_BINS), np.zeros(COPY_BINS))
-        for t, h in (self._pooled(role), self.by_source[role, source]):
-            t += trials
-            h += hits
-            full = t > self.window  # halve full bins: the model follows drift
-            t[full] *= 0.5
-            h[full] *= 0.5
+        cells, at, weight, weight_hit = (np.concatenate(p) for p in zip(*parts))
+        for (t, h), near in ((self._tables(role), cells), (self._pooled(role), at)):
+            near = (near[:, None] + _OFFSETS).ravel()
+            np.add.at(t, near, weight)
+            np.add.at(h, near, weight_hit)
+            if t[near].max() > self.window:  # halve full bins: the model follows drift
+                full = near[t[near] > self.window]
+                t[full] *= 0.5
+                h[full] *= 0.5
+
+
+def best_length(p: np.ndarray, costs: np.ndarray, rate: float) -> tuple[int, float]:
+    """(n, gain): the draft length that gains most, given P(token k accepted) = p[k-1]:
+    expected accepted tokens minus what the n tokens cost (costs[n], in plain steps) times
+    R, each step's worth in tokens. With linear costs lambda * n this drafts token k while
+    p_k >= lambda * R."""
+    n = min(len(p), len(costs) - 1)
+    gain = np.concatenate(([0.0], np.cumsum(p[:n]))) - rate * np.asarray(costs[: n + 1])
+    best = int(np.argmax(gain))
+    return best, float(gain[best])
+
+
+def scored(draft: Sequence[int], revealed: Sequence[int]) -> tuple[int, int]:
+    """(known, matched) of a draft against the tokens the target wrote at its positions."""
+    known = min(len(draft), len(revealed))
+    matched = 0
+    while matched < known and draft[matched] == revealed[matched]:
+        matched += 1
+    return known, matched

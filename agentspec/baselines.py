@@ -5,7 +5,9 @@ ngram  -- vLLM's `ngram` method (prompt lookup): find the longest n in [min_n, m
           (prompt + output), take its earliest occurrence, draft up to k tokens after it.
 suffix -- vLLM's `suffix` method: wraps the real `arctic_inference` SuffixDecodingCache
           (a per-request prompt tree plus one engine-wide tree of past responses),
-          called the way vLLM's SuffixDecodingProposer calls it.
+          called the way vLLM's SuffixDecodingProposer calls it. Its response tree starts
+          with the past outputs every method is given (`global_seed`), as the tree of a
+          server that already served them would; the bench's `suffix-cold` starts empty.
 """
 
 from __future__ import annotations
@@ -74,6 +76,7 @@ class NgramDrafter:
     """
 
     name = "ngram"
+    global_seed_outputs = 0  # it searches the request's own tokens only
 
     def __init__(self, min_n: int = 2, max_n: int = 4, k: int = 5,
                  max_model_len: int | None = None) -> None:
@@ -117,11 +120,10 @@ class SuffixDrafter:
     collide even if the engine reuses `Request.id`.
     """
 
-    name = "suffix"
-
     def __init__(self, max_tree_depth: int = 24, max_spec_tokens: int = 32,
                  max_spec_factor: float = 1.0, min_token_prob: float = 0.1,
-                 max_cached_requests: int = 10000, max_model_len: int | None = None) -> None:
+                 max_cached_requests: int = 10000, max_model_len: int | None = None,
+                 global_seed: Sequence[Sequence[int]] = (), name: str = "suffix") -> None:
         from arctic_inference.suffix_decoding import SuffixDecodingCache
 
         self.max_tree_depth = max_tree_depth
@@ -134,6 +136,15 @@ class SuffixDrafter:
         self._ids = itertools.count()
         # (session, request id) -> [arctic id, number of output tokens already added]
         self._active: dict[tuple[str, str], list] = {}
+        self.name = name
+        self.global_seed_outputs = 0
+        for output in global_seed:
+            if len(output):
+                arctic_id = next(self._ids)
+                self.cache.start_request(arctic_id, [])
+                self.cache.add_active_response(arctic_id, list(output))
+                self.cache.stop_request(arctic_id)
+                self.global_seed_outputs += 1
 
     def register(self, session: str, kind: str, tokens: Sequence[int], path: str = "") -> None:
         pass

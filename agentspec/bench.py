@@ -23,7 +23,7 @@ from agentspec.tokens import ChatTokenizer, TokenizedSession
 BENCH_FORMAT = "agentspec.bench/1"
 
 
-BASELINES = ("plain", "ngram", "suffix")
+BASELINES = ("plain", "ngram", "suffix", "suffix-cold")
 
 
 @dataclass
@@ -53,15 +53,22 @@ def make_drafter(name: str, setup: BenchSetup) -> Drafter:
         from agentspec.baselines import NgramDrafter
 
         return NgramDrafter()
-    if name == "suffix":
+    if name in ("suffix", "suffix-cold"):
         from agentspec.baselines import SuffixDrafter
 
-        return SuffixDrafter()
+        seed = setup.global_seed if name == "suffix" else ()
+        return SuffixDrafter(global_seed=seed, name=name)
     tok = setup.tokenizer
     return Policy(ladder(setup.lam)[name], encode=tok.encode if tok else None,
                   decode=tok.decode if tok else None, token_bytes=setup.token_bytes,
                   kmax=setup.kmax, draft_costs=setup.draft_costs,
                   global_seed=setup.global_seed)
+
+
+def knowledge(drafter: Drafter) -> dict:
+    """What a method was given beyond the sessions it serves, for the report: every method
+    that can use past outputs gets the same ones."""
+    return {"global_seed_outputs": drafter.global_seed_outputs}
 
 
 def split_by_task(sessions: Sequence, seed: int = 0) -> tuple[list, list]:
@@ -124,10 +131,13 @@ def run_replay_bench(sessions: list[TokenizedSession], methods: list[str], *, ba
 
     setup = setup or BenchSetup()
     meters: dict[str, Meter] = {}
+    given: dict[str, dict] = {}
     # plain is the reference for every modeled speedup; run it even when not asked for
     for name in dict.fromkeys(["plain", *methods]):
         tick = (lambda k, name=name: progress(name, k)) if progress else None
-        meters[name] = replay(sessions, make_drafter(name, setup), batch=batch, on_tokens=tick)
+        drafter = make_drafter(name, setup)
+        given[name] = knowledge(drafter)
+        meters[name] = replay(sessions, drafter, batch=batch, on_tokens=tick)
     report = {
         "format": BENCH_FORMAT,
         "backend": "replay",
@@ -136,8 +146,8 @@ def run_replay_bench(sessions: list[TokenizedSession], methods: list[str], *, ba
         "sessions": len(sessions),
         "calls": sum(len(s.calls) for s in sessions),
         "batch": batch,
-        "methods": {name: meters[name].report(meters["plain"], DEFAULT_LAMBDAS, setup.profile)
-                    for name in methods},
+        "methods": {name: {**meters[name].report(meters["plain"], DEFAULT_LAMBDAS, setup.profile),
+                           "knowledge": given[name]} for name in methods},
     }
     return BenchResult(report, meters)
 
@@ -151,6 +161,7 @@ class MeasuredRun:
     seconds: float = 0.0
     tokens: int = 0
     outputs: dict[str, list[int]] = field(default_factory=dict)
+    knowledge: dict = field(default_factory=lambda: {"global_seed_outputs": 0})
 
 
 def first_difference(a: list[int], b: list[int]) -> int | None:
@@ -171,6 +182,7 @@ def method_entry(run: MeasuredRun, plain: MeasuredRun | None, setup: BenchSetup)
     entry["tokens_per_s"] = round(run.tokens / run.seconds, 3) if run.seconds else 0.0
     entry["rejected"] = run.meter.total.drafted - run.meter.total.accepted
     entry["seconds"] = round(run.seconds, 3)
+    entry["knowledge"] = run.knowledge
     if plain is None:
         return entry
     mismatches = []

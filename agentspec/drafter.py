@@ -39,6 +39,7 @@ class Drafter(Protocol):
     """A drafting policy. Implementations keep all per-session state themselves."""
 
     name: str
+    global_seed_outputs: int  # past outputs it was given to draft from (reports say so)
 
     def register(self, session: str, kind: str, tokens: Sequence[int], path: str = "") -> None:
         """Add text a session saw or wrote (kind: PROMPT, TOOL, FILE or OUTPUT)."""
@@ -66,6 +67,7 @@ class Plain:
     """No drafting: plain autoregressive decoding, the reference every method is compared to."""
 
     name = "plain"
+    global_seed_outputs = 0
 
     def register(self, session, kind, tokens, path=""):
         pass

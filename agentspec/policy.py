@@ -13,6 +13,12 @@ mechanisms on:
 - following (ours): while the output keeps copying the continuation last drafted from,
   keep reading it instead of searching again; a continuation that runs into the output
   being written (the output repeats itself) goes on repeating, as an overlapping copy does.
+- frequency (ours, after SuffixDecoding): beside the best copy, the most frequent
+  continuation of the last few tokens over all outputs (`agentspec.frequency`); each step
+  drafts whichever of the two gains more under the cost model. Each draft token's curve
+  knows whether the other candidate agrees there and what kind of token it is, and both
+  candidates are scored against what the target wrote, drafted or not, so the choice is
+  learned from the served model.
 Sessions never see each other's S, W or block history.
 """
 
@@ -23,10 +29,12 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from agentspec.allocator import CostAware, agentspec_lengths
+from agentspec.allocator import (AGREED, SPLIT, TOKEN_CLASSES, CostAware, agentspec_lengths,
+                                 best_length, scored, token_classes)
 from agentspec.controller import Controller, KmaxTable
 from agentspec.costs import linear_costs
 from agentspec.drafter import FILE, OUTPUT, Request
+from agentspec.frequency import FREQUENCY_CLASSES, FrequencyTree, FrequencyUnavailable
 from agentspec.match import Corpus, Match
 from agentspec.structure import BlockTracker, StructureError, parse_structure
 
@@ -43,6 +51,7 @@ class PolicyConfig:
     isolate: bool = False  # drafts inside a block only from history of that block
     isolate_only: bool = False  # AgentSpec: block history is the only source
     follow: bool = False  # keep reading a continuation while the output copies it
+    frequency: bool = False  # a frequency-weighted candidate over outputs (needs length="cost")
     # how S, W, G compete: "length" (AgSpec: longest match, G only when longer by > delta)
     # or "expected" (ours: the most expected accepted tokens under the acceptance model)
     choose: str = "length"
@@ -62,6 +71,7 @@ class _Session:
     s: Corpus
     w: Corpus
     blocks: dict[tuple[str, str, str | None], Corpus] = field(default_factory=dict)
+    tree: FrequencyTree | None = None  # frequencies over the text it saw and wrote
 
 
 @dataclass
@@ -75,6 +85,28 @@ class _Running:
     cost: float = 0.0  # what the draft being verified costs, in plain decode steps
     source: str = ""  # corpus the match came from: S, W, G or B (block history); with
     # choose="expected" its draft_kind
+    candidates: list[Candidate] = field(default_factory=list)  # what this step could draft
+
+
+@dataclass
+class Candidate:
+    """A draft the policy may send: its tokens, the matched context behind its first token,
+    and each token's row in the acceptance model (kind and modifiers)."""
+
+    tokens: list[int]
+    m: int
+    rows: np.ndarray
+
+
+def mark_agreement(a: Candidate, b: Candidate) -> None:
+    """Mark each candidate's tokens by what the other drafts at their position: the same
+    path (agreed), another token where the two part (split), or nothing (alone). Two kinds
+    of evidence agreeing are likelier right than either alone."""
+    common = scored(a.tokens, b.tokens)[1]
+    for c in (a, b):
+        c.rows[:common] += AGREED * TOKEN_CLASSES
+        if common < min(len(a.tokens), len(b.tokens)):
+            c.rows[common] += SPLIT * TOKEN_CLASSES
 
 
 def emission_forms(text: str) -> tuple[str, str]:
@@ -100,6 +132,7 @@ class Policy:
                  global_seed: Sequence[Sequence[int]] = ()):
         self.config = config
         self.name = config.name
+        self._seeded = len(global_seed)
         self.encode, self.decode = encode, decode
         self.token_bytes = token_bytes
         # C[n]: what n draft tokens per row cost at a batch size, in plain decode steps
@@ -109,11 +142,26 @@ class Policy:
         self.acceptance = CostAware(max_k=config.max_k, prior=kmax.hazard if kmax else None)
         self.sessions: dict[str, _Session] = {}
         self.running: dict[str, _Running] = {}
+        self.warnings: list[str] = []
         self.g = Corpus(max_tokens=config.g_max_tokens) if config.global_ else None
         for tokens in global_seed if self.g is not None else ():
             self.g.extend(tokens)
             self.g.end_document()
-        self.warnings: list[str] = []
+        self.tree: FrequencyTree | None = None  # over every output
+        # each token's class (see allocator.MODIFIERS); all one class without a tokenizer
+        self.token_classes = token_classes(token_bytes) if token_bytes else None
+        if config.frequency:
+            try:
+                self.tree = FrequencyTree()
+            except FrequencyUnavailable as e:
+                self.warnings.append(str(e))
+            for tokens in global_seed if self.tree is not None else ():
+                self.tree.add(tokens)
+
+    @property
+    def global_seed_outputs(self) -> int:
+        """How many past outputs this policy was given (0 when it uses none)."""
+        return self._seeded if self.g is not None or self.tree is not None else 0
 
     # --- text the session saw -------------------------------------------------------
     def _session(self, sid: str) -> _Session:
@@ -152,6 +200,8 @@ class Policy:
             except StructureError as e:
                 self.warnings.append(f"request {request.id}: structure ignored ({e})")
         self.running[request.id] = run
+        if self.tree is not None:
+            self.tree.start(request.id)
 
     def _absorb(self, request: Request, run: _Running) -> list[int]:
         """Move newly generated output tokens into S and the block history; returns them."""
@@ -162,6 +212,8 @@ class Policy:
         st = self.sessions[request.session]
         if self.config.session:
             st.s.extend(new)
+        if self.tree is not None:
+            self.tree.extend(request.id, new)
         if self.config.isolate:
             labels = run.tracker.feed(new) if run.tracker else [None] * len(new)
             start = 0
@@ -211,9 +263,12 @@ class Policy:
     def _retrieve(self, request: Request, run: _Running, k: int) -> tuple[str, Match]:
         found = self._candidates(request, run, k)
         if self.config.choose == "expected":
+            if not found:
+                return "", NO_MATCH
             found = [(draft_kind(src, m), m) for src, m in found]
-            return max(found, key=lambda c: self.acceptance.expected(
-                request.role, c[1].length, c[0], len(c[1].tokens)), default=("", NO_MATCH))
+            expected = self.acceptance.draft_probs(request.role, [
+                (m.length, kind, min(len(m.tokens), self.config.max_k)) for kind, m in found])
+            return found[int(np.argmax([p.sum() for p in expected]))]
         best = ("", NO_MATCH)
         for src, m in found:  # block history first, then S, W: ties keep the earlier
             if src != "G" and m.length > best[1].length:
@@ -252,19 +307,53 @@ class Policy:
                 [(m.candidates, m.agree, m.agreed) if m.length else None for m in matches],
                 cfg.alg2_alpha, cfg.g_min)
         else:
-            b = len(batch)
-            if b not in self._costs:
-                self._costs[b] = self.draft_costs(b, cfg.max_k)
-            costs = self._costs[b]
-            lengths = []
-            for r, m in zip(batch, matches):
-                run = self.running[r.id]
-                # no Kmax cap: the acceptance model conditions on match length, which
-                # separates long copies from short matches better than a per-role cap
-                lengths.append(self.acceptance.length(r.role, m.length, cfg.max_k, costs,
-                                                      run.source))
-                run.cost = float(costs[min(lengths[-1], len(m.tokens))])
+            return self._cost_drafts(batch, matches)
         return [m.tokens[:k] for m, k in zip(matches, lengths)]
+
+    def _cost_drafts(self, batch: Sequence[Request], matches: list[Match]) -> list[list[int]]:
+        """Per request, the candidate (best copy, or the frequency draft) and length that
+        gain most: expected accepted tokens against what drafting them costs at this batch
+        size. No Kmax cap: the acceptance model conditions on match length, which separates
+        long copies from short matches better than a per-role cap."""
+        cfg = self.config
+        b = len(batch)
+        if b not in self._costs:
+            self._costs[b] = self.draft_costs(b, cfg.max_k)
+        costs, rate = self._costs[b], self.acceptance.rate
+        drafts = []
+        for r, m in zip(batch, matches):
+            run = self.running[r.id]
+            run.candidates = []
+            if m.length:
+                tokens = m.tokens[:cfg.max_k]
+                run.candidates.append(Candidate(tokens, m.length, self._rows(
+                    self.acceptance.kind(run.source), tokens)))
+            if self.tree is not None:
+                frequent = self.tree.draft(r.tokens, cfg.max_k)
+                if frequent.tokens:
+                    kinds = np.array([self.acceptance.kind(k) for k in FREQUENCY_CLASSES])
+                    run.candidates.append(Candidate(frequent.tokens, frequent.match_len,
+                                                    self._rows(kinds[frequent.classes],
+                                                               frequent.tokens)))
+                if len(run.candidates) == 2:
+                    mark_agreement(*run.candidates)
+            draft, gain = [], 0.0
+            probs = self.acceptance.draft_probs(
+                r.role, [(c.m, c.rows, len(c.rows)) for c in run.candidates]) \
+                if run.candidates else []
+            for c, p in zip(run.candidates, probs):
+                n, c_gain = best_length(p, costs, rate)
+                if c_gain > gain:
+                    draft, gain = c.tokens[:n], c_gain
+            run.cost = float(costs[len(draft)])
+            drafts.append(draft)
+        return drafts
+
+    def _rows(self, kinds: int | np.ndarray, tokens: list[int]) -> np.ndarray:
+        """Each draft token's row in the acceptance model: its kind, alone, and its class."""
+        if self.token_classes is None:
+            return np.zeros(len(tokens), dtype=np.intp) + kinds
+        return kinds + self.token_classes[np.minimum(tokens, len(self.token_classes) - 1)]
 
     def observe(self, request: Request, drafted: int, accepted: int) -> None:
         run = self.running[request.id]
@@ -272,21 +361,18 @@ class Policy:
         if cfg.length == "alpha":
             self.controller.update(request.role, drafted, accepted)
         if cfg.length == "cost" or cfg.choose == "expected":
-            # the target's own token after a fully accepted draft says, for free, whether
-            # one more draft token would have been accepted: without it the model never
-            # learns about positions past the lengths it already drafts
-            bonus = None
-            if accepted == drafted < len(run.match.tokens) and \
-                    len(request.tokens) - run.fed == accepted + 1:
-                bonus = run.match.tokens[drafted] == request.tokens[-1]
-            self.acceptance.observe(request.role, run.match.length, drafted, accepted,
-                                    run.source, bonus)
+            # every candidate is scored against what the target wrote, drafted or not
+            revealed = request.tokens[run.fed:]
+            self.acceptance.observe_drafts(request.role, [
+                (c.m, c.rows, *scored(c.tokens, revealed)) for c in run.candidates])
         if cfg.length == "cost":
             self.acceptance.charge(run.cost, accepted)
 
     def finish(self, request: Request) -> None:
         run = self.running.pop(request.id)
         self._absorb(request, run)
+        if self.tree is not None:
+            self.tree.finish(request.id)
         st = self.sessions[request.session]
         st.s.end_document()
         for corpus in st.blocks.values():
@@ -317,5 +403,5 @@ def ladder(lam: float = 0.2) -> dict[str, PolicyConfig]:
         "agentspec": PolicyConfig("agentspec", session=False, isolate=True, isolate_only=True,
                                   length="algorithm2"),
         "full": replace(glob, name="full", isolate=True, follow=True, choose="expected",
-                        length="cost", lam=lam),
+                        length="cost", lam=lam, frequency=True),
     }

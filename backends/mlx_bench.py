@@ -21,8 +21,8 @@ from time import perf_counter
 from typing import Callable, Sequence
 
 from agentspec.backends import mlx as engine  # loads OpenBLAS before MLX
-from agentspec.bench import (BENCH_FORMAT, BenchResult, BenchSetup, MeasuredRun, make_drafter,
-                             method_entry)
+from agentspec.bench import (BENCH_FORMAT, BenchResult, BenchSetup, MeasuredRun, knowledge,
+                             make_drafter, method_entry)
 from agentspec.drafter import Drafter, Request
 from agentspec.tokens import TokenizedSession
 
@@ -45,8 +45,12 @@ class MethodRun(MeasuredRun):
 
 def method_runs(names: Sequence[str], setup: BenchSetup) -> list[MethodRun]:
     """`plain` first (mlx-lm's generation), then each other method with its drafter."""
-    return [MethodRun(name, drafter=None if name == "plain" else make_drafter(name, setup))
+    runs = [MethodRun(name, drafter=None if name == "plain" else make_drafter(name, setup))
             for name in dict.fromkeys(["plain", *names])]
+    for run in runs:
+        if run.drafter is not None:
+            run.knowledge = knowledge(run.drafter)
+    return runs
 
 
 def _finish_recorded(d: Drafter, s: TokenizedSession, index: int, prompt: list[int]) -> None:

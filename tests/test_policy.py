@@ -122,10 +122,10 @@ def test_cost_aware_learns_acceptance():
     assert slow.rate == 1.0  # never below plain's rate: waste does not make drafts cheaper
     before = model.length("code", 8, cap=16, costs=costs)
     for _ in range(300):
-        model.observe("code", 8, drafted=16, accepted=16)
+        model.observe("code", 8, known=16, matched=16)
     assert model.length("code", 8, cap=16, costs=costs) == 16 > before
     for _ in range(300):
-        model.observe("review", 8, drafted=8, accepted=0)
+        model.observe("review", 8, known=8, matched=0)
     assert model.length("review", 8, cap=16, costs=costs) == 0
     assert model.length("code", 0, cap=16, costs=0 * costs) == 0
     # a higher lambda never drafts more
@@ -138,11 +138,11 @@ def test_a_rarely_seen_source_borrows_what_the_model_does_elsewhere():
     model = CostAware(max_k=8, prior=prior)
     assert model.accept_probs("code", 5, "G1", 1)[0] == pytest.approx(15 / 16)
     for _ in range(300):  # the model being served breaks copies of S at length 5
-        model.observe("code", 5, drafted=1, accepted=0, source="S1")
+        model.observe("code", 5, known=1, matched=0, source="S1")
     # G1 never drafted: it starts from the role's pooled curve, not the traces' prior
     assert model.accept_probs("code", 5, "G1", 1)[0] < 0.2
     for _ in range(300):  # until its own counts say otherwise
-        model.observe("code", 5, drafted=1, accepted=1, source="G1")
+        model.observe("code", 5, known=1, matched=1, source="G1")
     assert model.accept_probs("code", 5, "G1", 1)[0] > 0.9
     assert model.accept_probs("code", 5, "S1", 1)[0] < 0.2
     # another role keeps its own prior
@@ -153,7 +153,7 @@ def test_copies_of_neighbouring_lengths_learn_together():
     model = CostAware(max_k=8)
     far = model.accept_probs("code", 30, n=1)[0]
     for _ in range(200):  # copies of length 10 break
-        model.observe("code", 10, drafted=1, accepted=0)
+        model.observe("code", 10, known=1, matched=0)
     assert model.accept_probs("code", 11, n=1)[0] < 0.5  # so do those of length 11
     assert model.accept_probs("code", 30, n=1)[0] == far  # not those much longer
 
@@ -161,7 +161,7 @@ def test_copies_of_neighbouring_lengths_learn_together():
 def test_cost_aware_drafts_where_the_measured_cost_curve_pays():
     model = CostAware(max_k=16)
     for _ in range(300):  # every token accepted with probability 0.9
-        model.observe("code", 8, drafted=16, accepted=16)
+        model.observe("code", 8, known=16, matched=16)
     p = model.accept_probs("code", 8, n=16)
     gains = np.cumsum(p)
     # linear costs: token k while p_k >= lambda * R
@@ -191,10 +191,10 @@ def test_the_token_after_a_fully_accepted_draft_teaches_the_next_position():
     model = CostAware(max_k=8, prior_weight=4)
     before = model.accept_probs("code", 40)[2]
     for _ in range(50):
-        model.observe("code", 40, drafted=2, accepted=2, bonus=True)
+        model.observe("code", 40, known=3, matched=3)
     assert model.accept_probs("code", 40)[2] > max(before, 0.9)
     for _ in range(50):
-        model.observe("code", 40, drafted=2, accepted=2, bonus=False)
+        model.observe("code", 40, known=3, matched=2)
     assert model.accept_probs("code", 40)[2] < 0.6
 
 
@@ -334,8 +334,8 @@ def test_expected_chooser_prefers_the_corpus_that_gets_accepted():
     p = Policy(cfg, global_seed=[[1, 2, 3, 7, 7, 7, 7, 7]])
     p.register("A", PROMPT, [1, 2, 3, 4, 5, 6])  # S and G both match [1, 2, 3]
     for _ in range(200):  # history: S's drafts fail, G's hold
-        p.acceptance.observe("code", 3, drafted=4, accepted=0, source="S1")
-        p.acceptance.observe("code", 3, drafted=4, accepted=4, source="G1")
+        p.acceptance.observe("code", 3, known=4, matched=0, source="S1")
+        p.acceptance.observe("code", 3, known=4, matched=4, source="G1")
     r = request("r", "A", [9, 1, 2, 3])
     p.start(r)
     assert p.propose([r])[0][:3] == [7, 7, 7]
@@ -348,12 +348,12 @@ def test_draft_kind_tells_agreeing_occurrences_from_a_vote():
     assert draft_kind("W", replace(one, candidates=3, agree=3)) == "W="
     assert draft_kind("G", replace(one, candidates=3, agree=2)) == "G~"
     # the policy learns each kind apart: a split vote in S does not discredit S's
-    # unanimous continuations
-    p = Policy(ladder()["full"])
+    # unanimous continuations (copies only: no frequency candidate)
+    p = Policy(replace(ladder()["full"], frequency=False))
     p.register("A", PROMPT, [1, 2, 3, 4, 5, 6, 1, 2, 3, 4, 5, 6, 7, 8, 9, 4, 7, 8, 9, 5])
     for _ in range(200):
-        p.acceptance.observe("code", 3, drafted=4, accepted=0, source="S~")
-        p.acceptance.observe("code", 3, drafted=4, accepted=4, source="S=")
+        p.acceptance.observe("code", 3, known=4, matched=0, source="S~")
+        p.acceptance.observe("code", 3, known=4, matched=4, source="S=")
     split = request("r", "A", [0, 7, 8, 9])  # [7, 8, 9] went on to 4 once and 5 once
     whole = request("q", "A", [0, 1, 2, 3])  # [1, 2, 3] went on to 4, 5, 6 both times
     p.start(split)
