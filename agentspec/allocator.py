@@ -16,9 +16,19 @@ Two allocators over the same per-request candidates:
 from __future__ import annotations
 
 import math
+import os
 from typing import Sequence, Union
 
 import numpy as np
+
+# numba kernels for CostAware's hot paths (agentspec/_accept_nb.py) when numba imports, as
+# agentspec.match decides; AGENTSPEC_NO_NUMBA=1 keeps the numpy code, their reference
+_nb = None
+if os.environ.get("AGENTSPEC_NO_NUMBA", "") != "1":
+    try:
+        from agentspec import _accept_nb as _nb
+    except Exception:  # not installed, or unusable here: numpy it is
+        _nb = None
 
 
 def redundancy(c: int, n: int, g_min: float) -> float:
@@ -187,12 +197,19 @@ class CostAware:
             self.by_row[role] = (t, h)
         return t, h
 
+    def _rows(self, kinds: Kinds, n: int) -> np.ndarray:
+        return np.full(n, self.kind(kinds)) if isinstance(kinds, str) else kinds[:n]
+
     def _cells(self, m: int, kinds: Kinds, n: int) -> tuple[np.ndarray, np.ndarray]:
         """Where draft positions 1..n after a match of length m are counted: (index into
         the role's tables, index into its pooled curve)."""
-        rows = np.full(n, self.kind(kinds)) if isinstance(kinds, str) else kinds[:n]
         at = copy_bins(m + np.arange(n)) + _PAD
-        return rows * _WIDTH + at, at
+        return self._rows(kinds, n) * _WIDTH + at, at
+
+    def _kernel_args(self, role: str) -> tuple:
+        """The role's tables as the kernels read them (after every kind they index exists:
+        the kernels do not check bounds)."""
+        return (*self._tables(role), *self._pooled(role))
 
     def hazard(self, role: str, source: str) -> np.ndarray:
         """h per copy-length bin of one kind (alone, class 0): its own counts, shrunk toward
@@ -210,28 +227,36 @@ class CostAware:
         """P(draft token k is accepted), k = 1..n (default max_k, or every row given), after
         a match of length m; `source` is the draft's kind, or each token's row."""
         n = (self.max_k if isinstance(source, str) else len(source)) if n is None else n
-        return self.draft_probs(role, [(m, source, n)])[0]
-
-    def draft_probs(self, role: str, drafts: Sequence[tuple[int, Kinds, int]]) -> list[np.ndarray]:
-        """`accept_probs` of several drafts (m, kinds, n) at once: one pass over the tables."""
-        cells, at = (np.concatenate(parts) for parts in zip(
-            *(self._cells(m, kinds, n) for m, kinds, n in drafts)))
-        t, h = self._tables(role)
-        pt, ph = self._pooled(role)
+        cells, at = self._cells(m, source, n)
+        t, h, pt, ph = (*self._tables(role), *self._pooled(role))
         w = self.source_weight
-        hazards = (h[cells] + w * ph[at] / pt[at]) / (t[cells] + w)
-        out, start = [], 0
-        for _, _, n in drafts:
-            out.append(np.cumprod(hazards[start:start + n]))
-            start += n
-        return out
+        return np.cumprod((h[cells] + w * ph[at] / pt[at]) / (t[cells] + w))
+
+    def plan(self, role: str, m: int, kinds: Kinds, n: int,
+             costs: np.ndarray) -> tuple[int, float]:
+        """(length, gain) of the best way to send at most n tokens of a draft after a match
+        of length m (see `best_length`)."""
+        if m <= 0 or n <= 0:
+            return 0, 0.0
+        if _nb is None:
+            return best_length(self.accept_probs(role, m, kinds, n), costs, self.rate)
+        rows = self._rows(kinds, n)  # first: it may add a kind, which grows the tables
+        return _nb.best_length(*self._kernel_args(role), rows, m, n, _BIN_OF, _WIDTH, _PAD,
+                               self.source_weight, costs, self.rate)
 
     def length(self, role: str, m: int, cap: int, costs: np.ndarray, source: str = "") -> int:
-        """The draft length n <= cap that gains most (see `best_length`)."""
-        if m <= 0 or cap <= 0:
-            return 0
-        n = min(cap, self.max_k, len(costs) - 1)
-        return best_length(self.accept_probs(role, m, source, n), costs, self.rate)[0]
+        """The draft length n <= cap that gains most."""
+        return self.plan(role, m, source, min(cap, self.max_k, len(costs) - 1), costs)[0]
+
+    def expected(self, role: str, m: int, kinds: Kinds, n: int) -> float:
+        """Expected accepted tokens of the first n tokens of a draft."""
+        if m <= 0 or n <= 0:
+            return 0.0
+        if _nb is None:
+            return float(np.cumsum(self.accept_probs(role, m, kinds, n))[-1])  # summed in order
+        rows = self._rows(kinds, n)
+        return _nb.expected(*self._kernel_args(role), rows, m, n, _BIN_OF, _WIDTH, _PAD,
+                            self.source_weight)
 
     def observe(self, role: str, m: int, known: int, matched: int, source: Kinds = "") -> None:
         """Score a draft after a match of length m against the target: its tokens are known
@@ -239,21 +264,19 @@ class CostAware:
         Positions up to the first mismatch are trials. A draft is scored whether or not it
         was sent: the target's token after a fully accepted draft, or the tokens it wrote
         over a draft the policy passed over, teach positions no sent draft reached."""
-        self.observe_drafts(role, [(m, source, known, matched)])
-
-    def observe_drafts(self, role: str, scores: Sequence[tuple[int, Kinds, int, int]]) -> None:
-        """`observe` of several drafts (m, kinds, known, matched) at once."""
-        parts = []
-        for m, kinds, known, matched in scores:
-            reached = min(matched + 1, known)
-            if reached > 0 and m > 0:
-                cells, at = self._cells(m, kinds, reached)
-                hits = _SPREAD_ROWS[:reached].copy()  # each position adds _SPREAD around its bin
-                hits[matched:] = 0.0
-                parts.append((cells, at, _SPREAD_ROWS[:reached].ravel(), hits.ravel()))
-        if not parts:
+        reached = min(matched + 1, known)
+        if reached <= 0 or m <= 0:
             return
-        cells, at, weight, weight_hit = (np.concatenate(p) for p in zip(*parts))
+        if _nb is not None:
+            rows = self._rows(source, reached)
+            _nb.observe(*self._kernel_args(role), rows, m, reached, matched, _BIN_OF, _WIDTH,
+                        _PAD, _SPREAD, self.window)
+            return
+        cells, at = self._cells(m, source, reached)
+        weight = _SPREAD_ROWS[:reached]  # each position adds _SPREAD around its bin
+        weight_hit = weight.copy()
+        weight_hit[matched:] = 0.0
+        weight, weight_hit = weight.ravel(), weight_hit.ravel()
         for (t, h), near in ((self._tables(role), cells), (self._pooled(role), at)):
             near = (near[:, None] + _OFFSETS).ravel()
             np.add.at(t, near, weight)

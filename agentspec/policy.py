@@ -30,7 +30,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from agentspec.allocator import (AGREED, SPLIT, TOKEN_CLASSES, CostAware, agentspec_lengths,
-                                 best_length, scored, token_classes)
+                                 scored, token_classes)
 from agentspec.controller import Controller, KmaxTable
 from agentspec.costs import linear_costs
 from agentspec.drafter import FILE, OUTPUT, Request
@@ -266,9 +266,8 @@ class Policy:
             if not found:
                 return "", NO_MATCH
             found = [(draft_kind(src, m), m) for src, m in found]
-            expected = self.acceptance.draft_probs(request.role, [
-                (m.length, kind, min(len(m.tokens), self.config.max_k)) for kind, m in found])
-            return found[int(np.argmax([p.sum() for p in expected]))]
+            return max(found, key=lambda c: self.acceptance.expected(
+                request.role, c[1].length, c[0], min(len(c[1].tokens), self.config.max_k)))
         best = ("", NO_MATCH)
         for src, m in found:  # block history first, then S, W: ties keep the earlier
             if src != "G" and m.length > best[1].length:
@@ -319,7 +318,7 @@ class Policy:
         b = len(batch)
         if b not in self._costs:
             self._costs[b] = self.draft_costs(b, cfg.max_k)
-        costs, rate = self._costs[b], self.acceptance.rate
+        costs = self._costs[b]
         drafts = []
         for r, m in zip(batch, matches):
             run = self.running[r.id]
@@ -338,11 +337,8 @@ class Policy:
                 if len(run.candidates) == 2:
                     mark_agreement(*run.candidates)
             draft, gain = [], 0.0
-            probs = self.acceptance.draft_probs(
-                r.role, [(c.m, c.rows, len(c.rows)) for c in run.candidates]) \
-                if run.candidates else []
-            for c, p in zip(run.candidates, probs):
-                n, c_gain = best_length(p, costs, rate)
+            for c in run.candidates:
+                n, c_gain = self.acceptance.plan(r.role, c.m, c.rows, len(c.rows), costs)
                 if c_gain > gain:
                     draft, gain = c.tokens[:n], c_gain
             run.cost = float(costs[len(draft)])
@@ -363,8 +359,8 @@ class Policy:
         if cfg.length == "cost" or cfg.choose == "expected":
             # every candidate is scored against what the target wrote, drafted or not
             revealed = request.tokens[run.fed:]
-            self.acceptance.observe_drafts(request.role, [
-                (c.m, c.rows, *scored(c.tokens, revealed)) for c in run.candidates])
+            for c in run.candidates:
+                self.acceptance.observe(request.role, c.m, *scored(c.tokens, revealed), c.rows)
         if cfg.length == "cost":
             self.acceptance.charge(run.cost, accepted)
 

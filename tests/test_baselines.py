@@ -179,3 +179,15 @@ def test_suffix_lazy_start_and_eviction():
 
 if __name__ == "__main__":
     pytest.main([__file__, "-q"])
+
+
+def test_suffix_starts_with_the_outputs_every_method_is_given():
+    seed = [list(range(300, 340))]
+    warm, cold = SuffixDrafter(global_seed=seed), SuffixDrafter(name="suffix-cold")
+    assert (warm.global_seed_outputs, cold.global_seed_outputs) == (1, 0)
+    drafts = []
+    for d in (warm, cold):
+        r = req([9, 9, 9, 320, 321, 322, 323], 3)
+        d.start(r)
+        drafts.append(d.propose([r])[0])
+    assert drafts[0][:3] == [324, 325, 326] and drafts[1] == []

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from agentspec.backends.replay import replay
-from agentspec.bench import run_replay_bench
+from agentspec.bench import BenchSetup, run_replay_bench
 from agentspec.drafter import FILE, PROMPT, TOOL, Plain
 from agentspec.tokens import CHATML, PLAIN, ChatTokenizer, chat_format, tokenize_sessions
 from agentspec.trace import parse_session
@@ -118,17 +118,21 @@ def test_engine_calls_reach_the_drafter_in_order(tok):
 
 def test_report_follows_bench_schema(tok):
     sessions = tokenized(tok, 2)
-    res = run_replay_bench(sessions, ["plain", "ngram", "suffix"], model="tiny",
-                           traces=["x.jsonl"])
+    seed = [sessions[0].calls[0].output]
+    res = run_replay_bench(sessions, ["plain", "ngram", "suffix", "suffix-cold", "full"],
+                           model="tiny", traces=["x.jsonl"], setup=BenchSetup(global_seed=seed))
     r = res.report
     assert r["format"] == "agentspec.bench/1" and r["backend"] == "replay"
     assert (r["sessions"], r["calls"], r["batch"]) == (2, 4, 1)
     for name, m in r["methods"].items():
         assert set(m) >= {"al", "rejected_per_token", "draft_per_step", "steps", "output_tokens",
                           "modeled_speedup", "tokens_per_s", "speedup", "identical_to_plain",
-                          "overhead_us_per_step", "by_role"}
+                          "overhead_us_per_step", "by_role", "knowledge"}
         assert set(m["modeled_speedup"]) == {"0.02", "0.1", "0.2", "0.5"}
         assert m["tokens_per_s"] is None and m["by_role"]["code"]["output_tokens"] > 0
     assert r["methods"]["plain"]["al"] == 1.0
+    # every method that can use past outputs was given the same ones, and the report says so
+    given = {name: m["knowledge"]["global_seed_outputs"] for name, m in r["methods"].items()}
+    assert given == {"plain": 0, "ngram": 0, "suffix": 1, "suffix-cold": 0, "full": 1}
     # the second call repeats the first output: the suffix tree of past responses hits
     assert r["methods"]["suffix"]["al"] > 1.5
