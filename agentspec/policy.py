@@ -51,7 +51,14 @@ class PolicyConfig:
     isolate: bool = False  # drafts inside a block only from history of that block
     isolate_only: bool = False  # AgentSpec: block history is the only source
     follow: bool = False  # keep reading a continuation while the output copies it
-    frequency: bool = False  # a frequency-weighted candidate over outputs (needs length="cost")
+    # with length="cost": a frequency-weighted candidate over outputs beside the copy; each
+    # draft token's curve knowing whether the other candidate agrees there (agreement) and
+    # what kind of token it is (token_classes); every candidate scored against the target,
+    # not only the draft sent (score_all)
+    frequency: bool = False
+    agreement: bool = False
+    token_classes: bool = False
+    score_all: bool = False
     # how S, W, G compete: "length" (AgSpec: longest match, G only when longer by > delta)
     # or "expected" (ours: the most expected accepted tokens under the acceptance model)
     choose: str = "length"
@@ -86,6 +93,7 @@ class _Running:
     source: str = ""  # corpus the match came from: S, W, G or B (block history); with
     # choose="expected" its draft_kind
     candidates: list[Candidate] = field(default_factory=list)  # what this step could draft
+    sent: Candidate | None = None  # the one it drafted from
 
 
 @dataclass
@@ -149,7 +157,8 @@ class Policy:
             self.g.end_document()
         self.tree: FrequencyTree | None = None  # over every output
         # each token's class (see allocator.MODIFIERS); all one class without a tokenizer
-        self.token_classes = token_classes(token_bytes) if token_bytes else None
+        self.token_classes = token_classes(token_bytes) \
+            if token_bytes and config.token_classes else None
         if config.frequency:
             try:
                 self.tree = FrequencyTree()
@@ -334,13 +343,13 @@ class Policy:
                     run.candidates.append(Candidate(frequent.tokens, frequent.match_len,
                                                     self._rows(kinds[frequent.classes],
                                                                frequent.tokens)))
-                if len(run.candidates) == 2:
+                if len(run.candidates) == 2 and cfg.agreement:
                     mark_agreement(*run.candidates)
-            draft, gain = [], 0.0
+            draft, gain, run.sent = [], 0.0, None
             for c in run.candidates:
                 n, c_gain = self.acceptance.plan(r.role, c.m, c.rows, len(c.rows), costs)
                 if c_gain > gain:
-                    draft, gain = c.tokens[:n], c_gain
+                    draft, gain, run.sent = c.tokens[:n], c_gain, c
             run.cost = float(costs[len(draft)])
             drafts.append(draft)
         return drafts
@@ -359,7 +368,12 @@ class Policy:
         if cfg.length == "cost" or cfg.choose == "expected":
             # every candidate is scored against what the target wrote, drafted or not
             revealed = request.tokens[run.fed:]
-            for c in run.candidates:
+            if cfg.score_all:
+                scores = run.candidates
+            else:  # the draft sent, up to the target's token after it
+                scores = [replace(run.sent, tokens=run.sent.tokens[:drafted + 1])] \
+                    if run.sent and drafted else []
+            for c in scores:
                 self.acceptance.observe(request.role, c.m, *scored(c.tokens, revealed), c.rows)
         if cfg.length == "cost":
             self.acceptance.charge(run.cost, accepted)
@@ -387,6 +401,9 @@ def ladder(lam: float = 0.2) -> dict[str, PolicyConfig]:
     workspace = replace(session, name="workspace", workspace=True)
     emission = replace(workspace, name="emission", emission=True)
     glob = replace(emission, name="global", global_=True)
+    full = replace(glob, name="full", isolate=True, follow=True, choose="expected",
+                   length="cost", lam=lam, frequency=True, agreement=True, token_classes=True,
+                   score_all=True)
     return {
         "session": session,
         "workspace": workspace,
@@ -398,6 +415,10 @@ def ladder(lam: float = 0.2) -> dict[str, PolicyConfig]:
                                     isolate_only=True),
         "agentspec": PolicyConfig("agentspec", session=False, isolate=True, isolate_only=True,
                                   length="algorithm2"),
-        "full": replace(glob, name="full", isolate=True, follow=True, choose="expected",
-                        length="cost", lam=lam, frequency=True),
+        "full": full,
+        # full with each of its newer mechanisms switched off, one at a time
+        "full-no-frequency": replace(full, name="full-no-frequency", frequency=False),
+        "full-no-agreement": replace(full, name="full-no-agreement", agreement=False),
+        "full-no-classes": replace(full, name="full-no-classes", token_classes=False),
+        "full-sent-only": replace(full, name="full-sent-only", score_all=False),
     }

@@ -15,6 +15,11 @@ A drafter that needs a match of at least L tokens cannot beat the row for L; one
 from shorter matches must pick, among every occurrence of a one- or two-token context, the one
 the model will follow.
 
+`--frequency` adds what the frequency source of `full` (agentspec.frequency: the most frequent
+continuation over every output, as SuffixDecoding drafts it) could have drafted, with a
+perfect length: alone, and with the L >= 2 copies at every step (whichever goes further), so
+a note can say which mechanism contributes what.
+
     .venv/bin/python scripts/copy_bound.py --traces ../shared/traces/sweagent-gpt4-run-1.jsonl.gz
 """
 
@@ -32,6 +37,7 @@ sys.path.insert(0, str(ROOT))
 
 from agentspec.backends.models import resolve  # noqa: E402
 from agentspec.bench import pick_sessions, split_by_task  # noqa: E402
+from agentspec.frequency import FrequencyTree  # noqa: E402
 from agentspec.policy import emission_forms  # noqa: E402
 from agentspec.tokens import (ChatTokenizer, TokenizedCall, TokenizedSession,  # noqa: E402
                               tokenize_sessions)
@@ -74,15 +80,20 @@ def longest_copy(text: np.ndarray, starts: np.ndarray, future: np.ndarray, max_k
 
 
 def call_bound(prompt: np.ndarray, output: np.ndarray, earlier: Occurrences | None,
-               g: Occurrences, length: int, max_k: int) -> list[int]:
-    """Accepted draft tokens of each step of one call under the bound."""
+               g: Occurrences | None, length: int | None, max_k: int,
+               tree: FrequencyTree | None = None, call_id: str = "") -> list[int]:
+    """Accepted draft tokens of each step of one call under the bound: copies of contexts
+    of `length` tokens (none when None), and the frequency tree's draft when a tree is given
+    (it sees the output as it is written, as `full`'s does)."""
     context = np.concatenate([prompt, output])
-    keys = window_keys(context, length)
+    keys = window_keys(context, length) if length else None
     steps, p = [], 0
+    if tree is not None:
+        tree.start(call_id)
     while p < len(output):
         q = len(prompt) + p
         accepted = 0
-        if q >= length:
+        if keys is not None and q >= length:
             key, future = keys[q - length], output[p:]
             for occ in (earlier, g):
                 if occ is not None:
@@ -91,8 +102,15 @@ def call_bound(prompt: np.ndarray, output: np.ndarray, earlier: Occurrences | No
             # the prompt and the output so far: a copy may run on past q (a loop repeating)
             mine = np.flatnonzero(keys[:q - length] == key) + length
             accepted = max(accepted, longest_copy(context, mine, future, max_k))
+        if tree is not None:
+            draft = tree.draft(context[:q].tolist(), max_k).tokens
+            accepted = max(accepted, longest_copy(np.asarray(draft, np.int64), np.zeros(1, int),
+                                                  output[p:], max_k))
+            tree.extend(call_id, output[p:p + accepted + 1].tolist())
         steps.append(accepted)
         p += accepted + 1
+    if tree is not None:
+        tree.finish(call_id)
     return steps
 
 
@@ -105,17 +123,38 @@ def shown(call: TokenizedCall, tok: ChatTokenizer) -> list[list[int]]:
     return [t for _, t in call.new_messages] + files + forms
 
 
-def session_bound(session: TokenizedSession, tok: ChatTokenizer, g: Occurrences, length: int,
-                  max_k: int) -> list[int]:
+def session_bound(session: TokenizedSession, tok: ChatTokenizer, g: Occurrences | None,
+                  length: int | None, max_k: int, tree: FrequencyTree | None = None) -> list[int]:
     """Accepted draft tokens of each step of a session's calls, in order."""
     accepted: list[int] = []
     seen: list[np.ndarray] = []
-    for c in session.calls:
+    for i, c in enumerate(session.calls):
         seen += [np.append(np.asarray(t, np.int64), -1) for t in shown(c, tok)]
-        earlier = Occurrences(np.concatenate(seen), length) if seen else None
+        earlier = Occurrences(np.concatenate(seen), length) if seen and length else None
         output = np.asarray(c.output, np.int64)
-        accepted += call_bound(np.asarray(c.prompt, np.int64), output, earlier, g, length, max_k)
+        accepted += call_bound(np.asarray(c.prompt, np.int64), output, earlier, g, length, max_k,
+                               tree, f"{session.id}#{i}")
         seen.append(np.append(output, -1))
+    return accepted
+
+
+def bound(chosen: list[TokenizedSession], seed_outputs: list[list[int]], tok: ChatTokenizer,
+          length: int | None, frequency: bool, max_k: int) -> list[int]:
+    """Accepted draft tokens of every step of the chosen sessions, replayed in order."""
+    accepted: list[int] = []
+    tree = None
+    if frequency:
+        tree = FrequencyTree()
+        for o in seed_outputs:
+            tree.add(o)
+    # G as the drafters have it: the profiling part's outputs, then each finished
+    # session's (the replay runs the chosen sessions in this order)
+    g_parts = [np.append(np.asarray(o, np.int64), -1) for o in seed_outputs]
+    for s in chosen:
+        g = Occurrences(np.concatenate(g_parts or [np.zeros(0, np.int64)]), length) \
+            if length else None
+        accepted += session_bound(s, tok, g, length, max_k, tree)
+        g_parts += [np.append(np.asarray(c.output, np.int64), -1) for c in s.calls]
     return accepted
 
 
@@ -130,6 +169,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--context", default="1,2,3,4", help="context lengths L to bound at")
     ap.add_argument("--lambda", dest="lam", type=float, default=0.2)
     ap.add_argument("--max-k", type=int, default=64)
+    ap.add_argument("--frequency", action="store_true",
+                    help="also bound the frequency source, alone and with L >= 2 copies")
     ap.add_argument("--model", default=None)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
@@ -143,21 +184,17 @@ def main(argv: list[str] | None = None) -> list[dict]:
     held_tok = tokenize_sessions(held[:args.profile_sessions], tok)
     seed_outputs = [c.output for s in held_tok for c in s.calls]
     tokens = sum(len(c.output) for s in chosen for c in s.calls)
+    bounds = [(f"L >= {n}", n, False) for n in (int(x) for x in args.context.split(","))]
+    if args.frequency:
+        bounds += [("frequency", None, True), ("L >= 2 or frequency", 2, True)]
     rows = []
-    for length in (int(x) for x in args.context.split(",")):
-        accepted: list[int] = []
-        # G as the drafters have it: the profiling part's outputs, then each finished
-        # session's (the replay runs the chosen sessions in this order)
-        g_parts = [np.append(np.asarray(o, np.int64), -1) for o in seed_outputs]
-        for s in chosen:
-            g = Occurrences(np.concatenate(g_parts or [np.zeros(0, np.int64)]), length)
-            accepted += session_bound(s, tok, g, length, args.max_k)
-            g_parts += [np.append(np.asarray(c.output, np.int64), -1) for c in s.calls]
+    for name, length, frequency in bounds:
+        accepted = bound(chosen, seed_outputs, tok, length, frequency, args.max_k)
         steps = len(accepted)
-        rows.append({"context": length, "output_tokens": tokens, "steps": steps,
-                     "al": tokens / steps,
+        rows.append({"source": name, "context": length, "frequency": frequency,
+                     "output_tokens": tokens, "steps": steps, "al": tokens / steps,
                      "speedup": tokens / (steps + args.lam * sum(accepted))})
-        print(f"L >= {length}: AL <= {rows[-1]['al']:.3f}, speedup at lambda {args.lam} <= "
+        print(f"{name}: AL <= {rows[-1]['al']:.3f}, speedup at lambda {args.lam} <= "
               f"{rows[-1]['speedup']:.3f} ({tokens} tokens, {steps} steps)", flush=True)
     if args.json:
         args.json.write_text(json.dumps({"traces": [str(t) for t in args.traces],

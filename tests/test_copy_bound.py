@@ -50,10 +50,23 @@ def test_no_drafter_of_the_ladder_beats_the_bound(cb, tmp_path, tiny_model_dir):
     assert r.exit_code == 0, r.output
     report = json.loads((tmp_path / "r.json").read_text())
     rows = cb.main(["--traces", str(trace), "--model", str(tiny_model_dir), "--context", "2,3",
-                    "--json", str(tmp_path / "b.json")])
-    bound = {row["context"]: row for row in rows}
-    assert bound[2]["output_tokens"] == report["methods"]["full"]["output_tokens"]
-    assert bound[2]["al"] >= bound[3]["al"] > 1.0  # the second patch repeats the first
-    for method in ("global", "full"):  # both draft from matches of 2 tokens or more
-        assert report["methods"][method]["al"] <= bound[2]["al"] + 1e-9
+                    "--frequency", "--json", str(tmp_path / "b.json")])
+    bound = {row["source"]: row for row in rows}
+    assert bound["L >= 2"]["output_tokens"] == report["methods"]["full"]["output_tokens"]
+    assert bound["L >= 2"]["al"] >= bound["L >= 3"]["al"] > 1.0  # the 2nd patch repeats the 1st
+    # global drafts from matches of 2 tokens or more; full from those and the frequency tree
+    assert report["methods"]["global"]["al"] <= bound["L >= 2"]["al"] + 1e-9
+    assert report["methods"]["full"]["al"] <= bound["L >= 2 or frequency"]["al"] + 1e-9
+    assert bound["L >= 2 or frequency"]["al"] >= max(bound["L >= 2"]["al"],
+                                                    bound["frequency"]["al"])
     assert json.loads((tmp_path / "b.json").read_text())["bounds"] == rows
+
+
+def test_the_frequency_tree_drafts_what_past_outputs_repeat(cb):
+    from agentspec.frequency import FrequencyTree
+
+    tree = FrequencyTree()
+    tree.add([5, 6, 7, 8, 9])
+    # after 5 6 the tree drafts 7 8 (no further than it matched); the call's own output
+    # joins the tree as it is written
+    assert cb.call_bound(arr(1, 5, 6), arr(7, 8, 4), None, None, None, 64, tree, "c") == [2]
