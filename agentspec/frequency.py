@@ -67,6 +67,7 @@ class FrequencyTree:
         self._seqs: dict[int, None] = {}  # live sequences, oldest first
         self._next = 0
         self.running: dict[str, int] = {}  # request id -> its sequence
+        self.error: str | None = None  # why the tree stopped taking text, if it did
 
     def _new_sequence(self) -> int:
         if len(self._seqs) >= self.max_texts:
@@ -81,7 +82,15 @@ class FrequencyTree:
     def add(self, tokens: Sequence[int]) -> None:
         """A finished text (e.g. an output of the G seed, a prompt)."""
         if len(tokens):
-            self.tree.extend(self._new_sequence(), list(tokens))
+            self._extend(self._new_sequence(), tokens)
+
+    def _extend(self, seq: int, tokens: Sequence[int]) -> None:
+        if self.error is not None:
+            return
+        try:
+            self.tree.extend(seq, list(tokens))
+        except RuntimeError as e:  # the tree refused (e.g. a full child map): stop using it
+            self.error = f"the frequency tree stopped: {e}"
 
     def start(self, request_id: str) -> None:
         self.running[request_id] = self._new_sequence()
@@ -90,7 +99,7 @@ class FrequencyTree:
         """Tokens a running request just wrote: drafts of every request see them at once."""
         seq = self.running.get(request_id)
         if seq in self._seqs:  # not evicted meanwhile
-            self.tree.extend(seq, list(tokens))
+            self._extend(seq, tokens)
 
     def finish(self, request_id: str) -> None:
         self.running.pop(request_id, None)
@@ -100,7 +109,7 @@ class FrequencyTree:
         """The most frequent path after the best-scoring suffix of `context` (at most as many
         tokens as the context it matched, as SuffixDecoding drafts)."""
         ctx = list(context[-self.max_depth:])
-        if len(ctx) < 2 or max_tokens <= 0:
+        if len(ctx) < 2 or max_tokens <= 0 or self.error is not None:
             return NO_DRAFT
         d = self.tree.speculate(ctx, max_tokens, 1.0, 0.0, min_token_prob, False)
         if not d.token_ids:

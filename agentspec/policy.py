@@ -170,7 +170,7 @@ class Policy:
     @property
     def global_seed_outputs(self) -> int:
         """How many past outputs this policy was given (0 when it uses none)."""
-        return self._seeded if self.g is not None or self.tree is not None else 0
+        return self._seeded if self.g is not None or self.config.frequency else 0
 
     # --- text the session saw -------------------------------------------------------
     def _session(self, sid: str) -> _Session:
@@ -223,6 +223,9 @@ class Policy:
             st.s.extend(new)
         if self.tree is not None:
             self.tree.extend(request.id, new)
+            if self.tree.error is not None:
+                self.warnings.append(f"{self.tree.error}; `full` drafts from copies only")
+                self.tree = None
         if self.config.isolate:
             labels = run.tracker.feed(new) if run.tracker else [None] * len(new)
             start = 0

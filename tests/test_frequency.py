@@ -68,6 +68,22 @@ def test_full_runs_without_the_tree_with_one_warning(monkeypatch):
     assert p.propose([r])[0][:2] == [4, 5]  # copies still draft
 
 
+def test_a_tree_that_fails_is_dropped_with_a_warning_and_copies_go_on():
+    p = Policy(ladder()["full"])
+
+    class Refusing:
+        def extend(self, seq, tokens):
+            raise RuntimeError("Int32Map is full")
+
+    p.tree.tree = Refusing()
+    p.register("A", PROMPT, [1, 2, 3, 4, 5, 6, 7, 8])
+    r = request("r", "A", [0, 1, 2, 3])
+    p.start(r)
+    r.tokens += [4]  # the output's first token goes to the tree, which refuses it
+    assert p.propose([r])[0][:2] == [5, 6]
+    assert p.tree is None and "frequency tree stopped: Int32Map is full" in p.warnings[0]
+
+
 # --- per-token rows -------------------------------------------------------------------------
 def test_token_classes():
     classes = token_classes([b"ab", b" word", b"\n", b"  \n", b"(", b"", b"7"]).tolist()
