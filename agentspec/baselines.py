@@ -112,6 +112,20 @@ class NgramDrafter:
         pass
 
 
+def seed_responses(cache, outputs: Sequence[Sequence[int]], new_id) -> int:
+    """Put past outputs into an arctic SuffixDecodingCache's tree of responses, as if it had
+    served them (each under a fresh id from `new_id()`); returns how many went in."""
+    seeded = 0
+    for output in outputs:
+        if len(output):
+            arctic_id = new_id()
+            cache.start_request(arctic_id, [])
+            cache.add_active_response(arctic_id, list(output))
+            cache.stop_request(arctic_id)
+            seeded += 1
+    return seeded
+
+
 class SuffixDrafter:
     """vLLM `suffix`: arctic-inference SuffixDecodingCache with vLLM's defaults.
 
@@ -137,14 +151,8 @@ class SuffixDrafter:
         # (session, request id) -> [arctic id, number of output tokens already added]
         self._active: dict[tuple[str, str], list] = {}
         self.name = name
-        self.global_seed_outputs = 0
-        for output in global_seed:
-            if len(output):
-                arctic_id = next(self._ids)
-                self.cache.start_request(arctic_id, [])
-                self.cache.add_active_response(arctic_id, list(output))
-                self.cache.stop_request(arctic_id)
-                self.global_seed_outputs += 1
+        self.global_seed_outputs = seed_responses(self.cache, global_seed,
+                                                  lambda: next(self._ids))
 
     def register(self, session: str, kind: str, tokens: Sequence[int], path: str = "") -> None:
         pass

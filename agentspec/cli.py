@@ -88,8 +88,12 @@ def bench(
     """Replay recorded agent sessions with each drafting method and compare them.
 
     Methods: baselines [b]plain[/], [b]ngram[/] (vLLM's), [b]suffix[/] (arctic-inference, as
-    vLLM runs it); the ladder [b]session[/], [b]workspace[/], [b]emission[/], [b]global[/],
-    [b]fixed32[/], [b]agspec[/], [b]agentspec-s[/], [b]agentspec[/], and [b]full[/] (our default).
+    vLLM runs it, its tree of responses holding the past outputs every method is given) and
+    [b]suffix-cold[/] (an empty tree); the ladder [b]session[/], [b]workspace[/],
+    [b]emission[/], [b]global[/], [b]fixed32[/], [b]agspec[/], [b]agentspec-s[/],
+    [b]agentspec[/], and [b]full[/] (our default); [b]full-no-frequency[/],
+    [b]full-no-agreement[/], [b]full-no-classes[/], [b]full-sent-only[/] switch one of full's
+    mechanisms off.
 
     [b]Examples[/b]
 

@@ -102,7 +102,7 @@ def speculative_config(method: str) -> dict | None:
     if method == "ngram":
         return {"method": "ngram", "prompt_lookup_min": 2, "prompt_lookup_max": 4,
                 "num_speculative_tokens": 5}
-    if method == "suffix":
+    if method in ("suffix", "suffix-cold"):  # suffix's response tree is seeded in the worker
         return {"method": "suffix", "num_speculative_tokens": 32}
     return {"method": "custom_class", "model": PROPOSER, "num_speculative_tokens": DRAFT_TOKENS}
 
@@ -177,7 +177,8 @@ def run_vllm_bench(sessions: Sequence[TokenizedSession], methods: Sequence[str],
                    traces: Sequence[str] = (),
                    progress: Callable[[str, int], None] | None = None) -> list[BenchResult]:
     """Generate every call with each method at each batch size; one report per size."""
-    from agentspec.bench import BENCH_FORMAT, BenchError, BenchResult, method_entry
+    from agentspec.bench import (BENCH_FORMAT, BenchError, BenchResult, knowledge, make_drafter,
+                                 method_entry)
 
     jobs = job_sessions(sessions, max_prompt_tokens)
     longest = max((len(c["prompt"]) for calls in jobs for c in calls), default=0)
@@ -189,10 +190,12 @@ def run_vllm_bench(sessions: Sequence[TokenizedSession], methods: Sequence[str],
     with tempfile.TemporaryDirectory(prefix="agentspec-setup-") as tmp:
         env = {"AGENTSPEC_VLLM_SETUP": str(write_setup(setup, Path(tmp)))}
         for name in names:
+            # vLLM's suffix gets the past outputs the ladder rungs get (setup file), in the
+            # response tree a server that had served them would hold; suffix-cold none
             job = {"model": str(model), "dtype": dtype, "max_tokens": max_tokens,
                    "max_model_len": max_model_len, "batches": list(batches),
-                   "spec": speculative_config(name),
-                   "sessions": jobs, "method": name}
+                   "spec": speculative_config(name), "sessions": jobs, "method": name,
+                   "suffix_seed": setup.global_seed if name == "suffix" else []}
             tick = (lambda e, name=name: progress(name, 1)) if progress else (lambda e: None)
             results[name] = run_worker("agentspec.backends.vllm_bench", job,
                                        {**env, "AGENTSPEC_VLLM_METHOD": name}, tick)
@@ -210,6 +213,7 @@ def run_vllm_bench(sessions: Sequence[TokenizedSession], methods: Sequence[str],
             "methods": {},
         }
         for name in methods:
+            runs[name].knowledge = knowledge(make_drafter(name, setup))
             entry = method_entry(runs[name], runs["plain"], setup)
             entry["engine_start_s"] = results[name]["engine_start_s"]
             entry["vllm_counters"] = results[name]["runs"][i]["counters"]
@@ -295,17 +299,23 @@ def spec_counters(llm) -> dict[str, int]:
             if m.name in {f"vllm:spec_decode_{w}" for w in wanted}}
 
 
-def fresh_drafter(worker) -> None:
+def fresh_drafter(worker, suffix_seed: Sequence[Sequence[int]] = ()) -> None:
     """Replace the engine's drafter with a new one whose propose calls are timed.
 
     Drafters keep state across requests (suffix's response tree, agentspec's sessions and
-    G), so each batch size starts from a new one. Run through `LLM.collective_rpc`.
+    G), so each batch size starts from a new one; vLLM's suffix proposer starts with
+    `suffix_seed` in its tree of responses. Run through `LLM.collective_rpc`.
     """
+    from agentspec.baselines import seed_responses
+
     runner = worker.model_runner
     if getattr(runner, "drafter", None) is None:
         return
     d = runner.drafter = type(runner.drafter)(runner.vllm_config)
     d.load_model(runner.model)
+    if suffix_seed:
+        ids = iter(range(len(suffix_seed)))
+        seed_responses(d.suffix_cache, suffix_seed, lambda: f"agentspec-seed-{next(ids)}")
     propose = d.propose
     d.propose_s = 0.0
 
@@ -382,7 +392,7 @@ def worker_main(job_path: str, out_path: str) -> None:
     sessions = job["sessions"]
 
     def reset() -> None:
-        llm.collective_rpc(fresh_drafter)
+        llm.collective_rpc(fresh_drafter, args=(job["suffix_seed"],))
         llm.reset_prefix_cache()
 
     runs = []

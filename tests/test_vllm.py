@@ -402,6 +402,29 @@ def test_vllm_bench_is_lossless_and_copies(tmp_path, monkeypatch):
 
 @pytest.mark.vllm
 @pytest.mark.slow
+def test_vllm_suffix_gets_the_past_outputs_the_rungs_get(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from agentspec.cli import app
+    from conftest import session_obj, write_jsonl
+
+    _vllm_ready()
+    monkeypatch.setenv("AGENTSPEC_VLLM_PYTHON", VLLM_PYTHON)
+    trace = write_jsonl(tmp_path / "t.jsonl", [session_obj(f"s{i}", task=f"task{i}")
+                                               for i in range(6)])
+    r = CliRunner().invoke(app, ["bench", "--backend", "vllm", "--traces", str(trace),
+                                 "--methods", "plain,suffix,suffix-cold", "--max-tokens", "16",
+                                 "--json", str(tmp_path / "r.json")])
+    assert r.exit_code == 0, r.output
+    report = json.loads((tmp_path / "r.json").read_text())
+    given = {name: m["knowledge"]["global_seed_outputs"] for name, m in report["methods"].items()}
+    assert given["suffix"] > 0 and given["suffix-cold"] == given["plain"] == 0
+    for name, m in report["methods"].items():
+        assert m["identical_to_plain"] is True, (name, m["mismatches"])
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
 def test_vllm_profile_lambda_writes_a_cost_profile(tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
