@@ -1,22 +1,27 @@
 #!/usr/bin/env bash
 # The method ladder on both recorded trace files, at batch 1 (lambda 0.2) and batch 16
-# (lambda 0.5): the figures of the drafting-core issue, then the copy bound of each trace (what
-# no copying drafter can beat, on the same sessions). Reports land in results/ladder/.
+# (lambda 0.5), with the baselines warm (suffix: the past outputs every method gets) and cold,
+# and full with each of its newer mechanisms switched off; then the copy bound of each trace
+# (what no copying drafter can beat, on the same sessions) and what its frequency source could
+# draft. Reports land in results/ladder/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TRACES=${TRACES:-../shared/traces}
-SESSIONS=${SESSIONS:-40}
+SESSIONS=${SESSIONS:-32}
+SEED=${SEED:-7}
 STRUCTURE='[["```", "```"], ["<original>", "</original>"], ["<patched>", "</patched>"]]'
-METHODS=plain,ngram,suffix,session,workspace,emission,global,fixed32,agspec,agentspec-s,agentspec,full
+METHODS=plain,ngram,suffix,suffix-cold,session,workspace,emission,global,fixed32,agspec,agentspec-s
+METHODS=$METHODS,agentspec,full,full-no-frequency,full-no-agreement,full-no-classes,full-sent-only
 mkdir -p results/ladder
 for trace in acr-run-1 sweagent-gpt4-run-1; do
   for spec in "1 0.2" "16 0.5"; do
     set -- $spec
     out=results/ladder/$trace-b$1
     .venv/bin/agentspec bench --backend replay --traces "$TRACES/$trace.jsonl.gz" \
-      --sessions "$SESSIONS" --batch "$1" --lambda "$2" --methods "$METHODS" \
+      --sessions "$SESSIONS" --seed "$SEED" --batch "$1" --lambda "$2" --methods "$METHODS" \
       --structure "$STRUCTURE" --json "$out.json" --plot "$out.png" | tee "$out.txt"
   done
   .venv/bin/python scripts/copy_bound.py --traces "$TRACES/$trace.jsonl.gz" \
-    --sessions "$SESSIONS" --json "results/ladder/$trace-bound.json" | tee "results/ladder/$trace-bound.txt"
+    --sessions "$SESSIONS" --seed "$SEED" --context 1,2,3,4 --frequency \
+    --json "results/ladder/$trace-bound.json" | tee "results/ladder/$trace-bound.txt"
 done
