@@ -72,6 +72,30 @@ class PolicyConfig:
     s_max_tokens: int = 4_000_000
     g_max_tokens: int = 20_000_000
 
+    def __post_init__(self) -> None:
+        """A bad strategy name or value fails here, naming it, never silently later."""
+        def bad(field_: str, why: str) -> None:
+            raise ValueError(f"policy {self.name!r}: {field_}={getattr(self, field_)!r} {why}")
+
+        if self.length not in LENGTHS:
+            bad("length", f"is not one of {', '.join(LENGTHS)}")
+        if self.choose not in CHOOSERS:
+            bad("choose", f"is not one of {', '.join(CHOOSERS)}")
+        if (self.frequency or self.agreement or self.score_all) and self.length != "cost":
+            bad("length", "must be 'cost' for the frequency candidate and its scoring")
+        for field_ in ("fixed_k", "max_k", "s_max_tokens", "g_max_tokens"):
+            if getattr(self, field_) < 1:
+                bad(field_, "must be at least 1")
+        if not 0.0 <= self.lam <= 1.0:
+            bad("lam", "must be within [0, 1]")
+        if self.delta < 0 or self.alg2_alpha <= 0 or not 0.0 <= self.g_min <= 1.0:
+            bad("delta" if self.delta < 0 else "alg2_alpha" if self.alg2_alpha <= 0
+                else "g_min", "is out of range")
+
+
+LENGTHS = ("fixed", "alpha", "algorithm2", "cost")
+CHOOSERS = ("length", "expected")
+
 
 @dataclass
 class _Session:

@@ -361,3 +361,16 @@ def test_draft_kind_tells_agreeing_occurrences_from_a_vote():
     drafts = p.propose([split, whole])
     assert drafts[0] == [] and drafts[1][:4] == [4, 5, 6, 7]  # the most recent occurrence
     assert (p.running["r"].source, p.running["q"].source) == ("S~", "S=")
+
+
+@pytest.mark.parametrize("change, named", [
+    ({"length": "costly"}, "length='costly' is not one of fixed, alpha, algorithm2, cost"),
+    ({"choose": "best"}, "choose='best'"),
+    ({"frequency": True}, "length='fixed' must be 'cost'"),
+    ({"max_k": 0}, "max_k=0 must be at least 1"),
+    ({"lam": 1.5}, "lam=1.5"),
+    ({"delta": -1}, "delta=-1"),
+])
+def test_a_bad_strategy_fails_at_construction_naming_it(change, named):
+    with pytest.raises(ValueError, match="policy 'x': " + named.replace("(", r"\(")):
+        PolicyConfig("x", **change)
