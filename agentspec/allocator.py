@@ -151,6 +151,7 @@ class CostAware:
         self.pool: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         self.kinds: dict[str, int] = {}  # draft kind -> its index (rows index * MODIFIERS on)
         self.by_row: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        self._args: dict[str, tuple] = {}  # per role: (kinds then, the kernels' tables)
         self.tokens = self.cost = 1.0  # decayed sums behind the running speedup R
 
     @property
@@ -208,8 +209,12 @@ class CostAware:
 
     def _kernel_args(self, role: str) -> tuple:
         """The role's tables as the kernels read them (after every kind they index exists:
-        the kernels do not check bounds)."""
-        return (*self._tables(role), *self._pooled(role))
+        the kernels do not check bounds), kept until a new kind grows them."""
+        args = self._args.get(role)
+        if args is None or args[0] != len(self.kinds):
+            args = self._args[role] = (len(self.kinds), *self._tables(role),
+                                       *self._pooled(role))
+        return args[1:]
 
     def hazard(self, role: str, source: str) -> np.ndarray:
         """h per copy-length bin of one kind (alone, class 0): its own counts, shrunk toward

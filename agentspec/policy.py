@@ -190,6 +190,9 @@ class Policy:
                 self.warnings.append(str(e))
             for tokens in global_seed if self.tree is not None else ():
                 self.tree.add(tokens)
+        # the acceptance model's kind of each frequency class
+        self._frequency_kinds = np.array([self.acceptance.kind(k) for k in FREQUENCY_CLASSES]) \
+            if self.tree is not None else None
 
     @property
     def global_seed_outputs(self) -> int:
@@ -366,10 +369,9 @@ class Policy:
             if self.tree is not None:
                 frequent = self.tree.draft(r.tokens, cfg.max_k)
                 if frequent.tokens:
-                    kinds = np.array([self.acceptance.kind(k) for k in FREQUENCY_CLASSES])
-                    run.candidates.append(Candidate(frequent.tokens, frequent.match_len,
-                                                    self._rows(kinds[frequent.classes],
-                                                               frequent.tokens)))
+                    run.candidates.append(Candidate(
+                        frequent.tokens, frequent.match_len,
+                        self._rows(self._frequency_kinds[frequent.classes], frequent.tokens)))
                 if len(run.candidates) == 2 and cfg.agreement:
                     mark_agreement(*run.candidates)
             draft, gain, run.sent = [], 0.0, None
