@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import List, Optional
 
@@ -441,6 +443,8 @@ def run_agent_cmd(
     task: Optional[str] = typer.Option(None, help="A task name (see tasks/) or a task folder "
                                        "(with task.toml and repo/)."),
     all_tasks: bool = typer.Option(False, "--all", help="Run every evaluation task."),
+    max_tasks: Optional[int] = typer.Option(None, min=1, help="With --all: only the first N "
+                                            "evaluation tasks."),
     model: Optional[str] = typer.Option(None, help="Embedded name, local folder or hub id "
                                         "(default: smollm2-135m)."),
     backend: str = typer.Option("mlx", help="Engine that runs the model: mlx."),
@@ -468,6 +472,8 @@ def run_agent_cmd(
 
       agentspec run-agent --all --compare
 
+      agentspec run-agent --all --max-tasks 3 --compare --max-turns 1
+
       agentspec run-agent --task rle-codec --method suffix --max-turns 1
 
       agentspec run-agent --all --model mlx-community/Qwen2.5-Coder-7B-Instruct-4bit --dtype keep
@@ -482,7 +488,7 @@ def run_agent_cmd(
     if bool(task) == all_tasks:
         fail("name one task with --task, or run them all with --all")
     try:
-        tasks = list_tasks("eval") if all_tasks else [load_task(task)]
+        tasks = list_tasks("eval")[:max_tasks] if all_tasks else [load_task(task)]
     except TaskError as e:
         fail(str(e))
     from agentspec.backends.mlx import ensure_blas_or_reexec
@@ -517,6 +523,7 @@ def _run_agent(tasks, *, model, dtype, method, compare, max_turns, max_tokens, o
     except (engine.MLXError, *_user_errors()) as e:
         fail(str(e))
     spent: dict[str, list[float]] = {}  # session -> [tokens, seconds]
+    beat = Heartbeat(console, every_s=25.0)
 
     def show(c: CallStats) -> None:
         spent.setdefault(c.session, [0, 0.0])
@@ -529,19 +536,27 @@ def _run_agent(tasks, *, model, dtype, method, compare, max_turns, max_tokens, o
             same = "identical" if c.identical else "[red]DIFFERENT[/]"
             line += f"  plain {plain:6.1f} tok/s {same}"
         console.print(line, highlight=False)
+        beat.touch()
 
     llm = EngineLLM(eng, method, setup, compare=compare, max_tokens=max_tokens, on_call=show)
     results, errors = [], {}
-    for t in tasks:
-        console.print(f"[bold]{t.name}[/] ({t.bug})")
-        sid = f"agentspec-agent/{t.name}"
-        try:
-            results.append(run_task(t, llm, max_turns=max_turns, model=eng.name,
-                                    session_id=sid))
-        except (engine.MLXError, OSError) as e:  # this task fails; the others still run
-            errors[t.name] = str(e)
-            console.print(f"  [red]error:[/] {e}", highlight=False)
-        llm.end_session(sid)
+    started = time.perf_counter()
+    with beat:
+        for i, t in enumerate(tasks):
+            elapsed = time.perf_counter() - started
+            left = f", about {elapsed / i * (len(tasks) - i):.0f} s left" if i else ""
+            console.print(f"[bold]task {i + 1}/{len(tasks)}: {t.name}[/] ({t.bug}) · "
+                          f"{elapsed:.0f} s elapsed{left}", highlight=False)
+            beat.doing = t.name
+            beat.touch()
+            sid = f"agentspec-agent/{t.name}"
+            try:
+                results.append(run_task(t, llm, max_turns=max_turns, model=eng.name,
+                                        session_id=sid))
+            except (engine.MLXError, OSError) as e:  # this task fails; the others still run
+                errors[t.name] = str(e)
+                console.print(f"  [red]error:[/] {e}", highlight=False)
+            llm.end_session(sid)
     summary = {
         "format": "agentspec.agent/1", "backend": "mlx", "model": eng.name, "dtype": eng.dtype,
         "method": method, "max_turns": max_turns,
@@ -564,8 +579,41 @@ def _run_agent(tasks, *, model, dtype, method, compare, max_turns, max_tokens, o
     for name, err in errors.items():
         table.add_row(name, "no", "0", "", "", "", err)
     out.print(table)
+    out.print("review: the review role's verdict per turn (accept, reject, or none: it gave no "
+              "'verdict:' line, common for a small model)")
     out.print(methods_table(summary["methods"], f"per method · {len(tasks)} task(s)"))
     console.print(f"wrote {out_dir / 'trace.jsonl.gz'} and {json_out}")
+
+
+class Heartbeat:
+    """Prints a line when nothing else was said for `every_s` seconds (a long model call),
+    so a first run never looks stuck; `touch()` says something else was printed."""
+
+    def __init__(self, con: Console, every_s: float):
+        self.console, self.every_s = con, every_s
+        self.doing = ""
+        self._started = self._last = time.perf_counter()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def touch(self) -> None:
+        self._last = time.perf_counter()
+
+    def _run(self) -> None:
+        while not self._stop.wait(1.0):
+            if time.perf_counter() - self._last >= self.every_s:
+                self.console.print(f"  ... still working on {self.doing} "
+                                   f"({time.perf_counter() - self._started:.0f} s in)",
+                                   highlight=False)
+                self.touch()
+
+    def __enter__(self) -> "Heartbeat":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
 
 
 def main() -> None:

@@ -76,7 +76,15 @@ if [ -x .venv-vllm/bin/python ] \
   rm -rf "$wheels"
 fi
 
-echo "[setup] installing agentspec[$extras]"
-# arctic-inference is already built above; pip sees it as satisfied
-"$PIP" install -q -e ".[$extras]"
+# the package itself: again only when pyproject.toml (its dependencies) changed
+stamp="$VENV/.agentspec-installed"
+want="$extras $("$VENV/bin/python" -c "import hashlib; print(hashlib.sha1(open('pyproject.toml', 'rb').read()).hexdigest())")"
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && "$VENV/bin/python" -c "import agentspec" 2>/dev/null; then
+  echo "[setup] agentspec[$extras] already installed (pyproject.toml unchanged)"
+else
+  echo "[setup] installing agentspec[$extras]"
+  # arctic-inference is already built above; pip sees it as satisfied
+  "$PIP" install -q -e ".[$extras]"
+  echo "$want" > "$stamp"
+fi
 echo "[setup] done: $("$VENV/bin/agentspec" --help >/dev/null && echo "agentspec CLI ready in $VENV/bin")"

@@ -20,6 +20,40 @@ CORPUS = [
 ]
 
 
+# Test tiers, run in this order, each announced when it starts (a slow tier runs for minutes)
+TIERS = {
+    "unit": "unit tests (tiny models, seconds)",
+    "slow": "slow tier: the real embedded model on MLX and long replays (minutes)",
+    "vllm": "vllm tier: real vLLM engines on the CPU in .venv-vllm (minutes)",
+}
+
+
+def _tier(item) -> str:
+    return "vllm" if item.get_closest_marker("vllm") else \
+        "slow" if item.get_closest_marker("slow") else "unit"
+
+
+def pytest_collection_modifyitems(items):
+    order = list(TIERS)
+    items.sort(key=lambda item: order.index(_tier(item)))  # stable: file order within a tier
+
+
+_RUN: dict = {"tiers": {}, "now": None, "reporter": None}  # the announcing hooks' state
+
+
+def pytest_collection_finish(session):
+    _RUN["tiers"] = {item.nodeid: _tier(item) for item in session.items}
+    _RUN["reporter"] = session.config.pluginmanager.get_plugin("terminalreporter")
+
+
+def pytest_runtest_logstart(nodeid, location):
+    tier = _RUN["tiers"].get(nodeid)
+    if _RUN["reporter"] is not None and tier and tier != _RUN["now"]:
+        _RUN["now"] = tier
+        _RUN["reporter"].ensure_newline()
+        _RUN["reporter"].write_line(f"[tests] {TIERS[tier]}")
+
+
 def tiny_tokenizer(corpus: list[str] = CORPUS, vocab_size: int = 400) -> Tokenizer:
     """A byte-level BPE (GPT-2 style, like SmolLM2's) trained in milliseconds."""
     tok = Tokenizer(models.BPE())
