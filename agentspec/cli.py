@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional
 
@@ -101,15 +102,49 @@ def bench(
 
       agentspec bench --traces ../shared/traces/acr-run-1.jsonl.gz --sessions 20
 
-      agentspec bench --traces a.jsonl.gz b.jsonl.gz --methods plain,suffix --json r.json --plot r.png
-
       agentspec bench --traces a.jsonl.gz --methods plain,suffix,full --batch 16 --lambda 0.5
 
       agentspec bench --backend vllm --traces a.jsonl.gz --sessions 4 --batch 1,16 --methods plain,ngram,suffix,full --max-prompt-tokens 4096 --json r.json
     """
+    extra = [a for a in ctx.args]
+    if any(a.startswith("-") for a in extra):
+        fail(f"unknown option {next(a for a in extra if a.startswith('-'))}")
+    if backend not in BENCH_BACKENDS:
+        fail(f"backend {backend!r} is not available; this build has: {', '.join(BENCH_BACKENDS)}")
+    try:
+        run = _load_bench(backend, list(traces) + [Path(a) for a in extra], sessions=sessions,
+                          seed=seed, methods=methods, batch=batch, model=model,
+                          cost_profile=cost_profile, lam=lam, kmax=kmax, structure=structure,
+                          profile_sessions=profile_sessions, split=split, dtype=dtype)
+    except _user_errors() as e:
+        fail(str(e))
+    BENCH_BACKENDS[backend](run, json_out=json_out, plot_out=plot_out, max_tokens=max_tokens,
+                            max_prompt_tokens=max_prompt_tokens)
+
+
+@dataclass
+class BenchRun:
+    """What `agentspec bench` loaded: the sessions to run, the methods and batch sizes, and
+    what the methods may know (setup)."""
+
+    backend: str
+    traces: list[Path]
+    names: list[str]
+    sizes: list[int]
+    tokenized: list
+    setup: "BenchSetup"
+    model: Optional[str]
+    dtype: Optional[str]
+    sample: dict  # how the sessions were chosen, so the run can be repeated
+
+
+def _load_bench(backend: str, traces: list[Path], *, sessions, seed, methods, batch, model,
+                cost_profile, lam, kmax, structure, profile_sessions, split,
+                dtype) -> BenchRun:
+    """Parse the options, read and split the traces, tokenize, profile Kmax: a BenchRun."""
     from agentspec.backends.models import resolve
     from agentspec.bench import (BenchError, BenchSetup, parse_batches, parse_methods,
-                                 pick_sessions, run_replay_bench, split_by_task)
+                                 pick_sessions, split_by_task)
     from agentspec.controller import load_kmax
     from agentspec.costs import load_profile
     from agentspec.kmax import profile_kmax
@@ -118,82 +153,55 @@ def bench(
     from agentspec.tokens import ChatTokenizer, tokenize_sessions
     from agentspec.trace import read_sessions
 
-    extra = [a for a in ctx.args]
-    if any(a.startswith("-") for a in extra):
-        fail(f"unknown option {next(a for a in extra if a.startswith('-'))}")
-    traces = list(traces) + [Path(a) for a in extra]
-    if backend not in ("replay", "mlx", "vllm"):
-        fail(f"backend {backend!r} is not available; this build has: replay, mlx, vllm")
-    try:
-        names = parse_methods(methods)
-        sizes = parse_batches(batch)
-        if len(sizes) > 1 and backend != "vllm":
-            raise BenchError("--batch takes several sizes only with --backend vllm")
-        if backend == "mlx":
-            dtype = dtype or "float32"
-            from agentspec.backends.mlx import ensure_blas_or_reexec
-            from agentspec.backends.mlx_probe import default_profile
-
-            ensure_blas_or_reexec()
-            cost_profile = cost_profile or default_profile("mlx", model, dtype)
-        profile = load_profile(cost_profile) if cost_profile else None
-        pairs = parse_structure(structure) if structure else ()
-        table = load_kmax(kmax) if kmax else None
-        loaded, bad = read_sessions(traces)
-        if bad:
-            console.print(f"[yellow]warning:[/] skipped {len(bad)} malformed session(s); "
-                          f"first: {bad[0]}", highlight=False, soft_wrap=True)
-        for s in loaded:
-            if pairs and not s.structure:
-                s.meta["structure"] = [list(p) for p in pairs]
-        held, measured = split_by_task(loaded, seed) if split else ([], loaded)
-        if not measured:
-            raise BenchError("no session left to measure after the task split; use --no-split")
-        chosen = pick_sessions(measured, sessions, seed)
-        tok = ChatTokenizer.from_model(resolve(model))
-        with console.status(f"tokenizing {len(chosen)} + {len(held[:profile_sessions])} "
-                            f"sessions"):
-            tokenized = tokenize_sessions(chosen, tok)
-            held_tok = tokenize_sessions(held[:profile_sessions], tok)
-        setup = BenchSetup(tokenizer=tok, profile=profile, token_bytes=token_bytes(tok.tokenizer),
-                           lam=lam if lam is not None else (profile.lam(sizes[0]) if profile
-                                                            else 0.2),
-                           global_seed=[c.output for s in held_tok for c in s.calls])
-        if table is None and held_tok and {"agspec", "full"} & set(names):
-            with console.status(f"profiling Kmax on {len(held_tok)} held-out sessions"):
-                # G starts empty here: seeded with these very sessions it would leak them
-                table = profile_kmax(held_tok, setup.lam, ladder()["global"],
-                                     encode=tok.encode, decode=tok.decode)
-        setup.kmax = table
-    except _user_errors() as e:
-        fail(str(e))
-    sample = {"seed": seed, "task_split": split, "profile_sessions": len(held_tok)}
+    names, sizes = parse_methods(methods), parse_batches(batch)
+    if len(sizes) > 1 and backend != "vllm":
+        raise BenchError("--batch takes several sizes only with --backend vllm")
+    if backend == "mlx" and sizes != [1]:
+        raise BenchError("--backend mlx generates one session at a time; batched sessions "
+                         "run with --backend replay or vllm (or against agentspec serve)")
     if backend == "mlx":
-        _bench_mlx(tokenized, names, setup, model=model, dtype=dtype, max_tokens=max_tokens,
-                   max_prompt_tokens=max_prompt_tokens, traces=[str(t) for t in traces],
-                   json_out=json_out, plot_out=plot_out, sample=sample)
-        return
-    if backend == "vllm":
-        from agentspec.backends.vllm_bench import VLLMError, run_cli as run_vllm
-        from agentspec.bench import measured_table
+        dtype = dtype or "float32"
+        from agentspec.backends.mlx import ensure_blas_or_reexec
+        from agentspec.backends.mlx_probe import default_profile
 
-        try:
-            results = run_vllm(tokenized, names, setup, model=model, dtype=dtype,
-                               batches=sizes, max_tokens=max_tokens,
-                               max_prompt_tokens=max_prompt_tokens,
-                               traces=[str(t) for t in traces], console=console)
-        except (VLLMError, *_user_errors()) as e:
-            fail(str(e))
+        ensure_blas_or_reexec()
+        cost_profile = cost_profile or default_profile("mlx", model, dtype)
+    profile = load_profile(cost_profile) if cost_profile else None
+    pairs = parse_structure(structure) if structure else ()
+    table = load_kmax(kmax) if kmax else None
+    loaded, bad = read_sessions(traces)
+    if bad:
+        console.print(f"[yellow]warning:[/] skipped {len(bad)} malformed session(s); "
+                      f"first: {bad[0]}", highlight=False, soft_wrap=True)
+    for s in loaded:
+        if pairs and not s.structure:
+            s.meta["structure"] = [list(p) for p in pairs]
+    held, measured = split_by_task(loaded, seed) if split else ([], loaded)
+    if not measured:
+        raise BenchError("no session left to measure after the task split; use --no-split")
+    chosen = pick_sessions(measured, sessions, seed)
+    tok = ChatTokenizer.from_model(resolve(model))
+    with console.status(f"tokenizing {len(chosen)} + {len(held[:profile_sessions])} sessions"):
+        tokenized = tokenize_sessions(chosen, tok)
+        held_tok = tokenize_sessions(held[:profile_sessions], tok)
+    setup = BenchSetup(tokenizer=tok, profile=profile, token_bytes=token_bytes(tok.tokenizer),
+                       lam=lam if lam is not None else (profile.lam(sizes[0]) if profile
+                                                        else 0.2),
+                       global_seed=[c.output for s in held_tok for c in s.calls])
+    if table is None and held_tok and {"agspec", "full"} & set(names):
+        with console.status(f"profiling Kmax on {len(held_tok)} held-out sessions"):
+            # G starts empty here: seeded with these very sessions it would leak them
+            table = profile_kmax(held_tok, setup.lam, ladder()["global"],
+                                 encode=tok.encode, decode=tok.decode)
+    setup.kmax = table
+    return BenchRun(backend, traces, names, sizes, tokenized, setup, model, dtype,
+                    {"seed": seed, "task_split": split, "profile_sessions": len(held_tok)})
 
-        def per_size(path: Optional[Path], b: int) -> Optional[Path]:
-            return path.with_suffix(f".b{b}{path.suffix}") if path and len(sizes) > 1 else path
 
-        for r in results:
-            b = r.report["batch"]
-            _emit(r.report, per_size(json_out, b), per_size(plot_out, b),
-                  measured_table(r.report), sample=sample)
-        return
-    total = sum(s.output_tokens for s in tokenized)
+def _bench_replay(run: BenchRun, *, json_out, plot_out, **_) -> None:
+    from agentspec.bench import run_replay_bench
+
+    total = sum(s.output_tokens for s in run.tokenized)
     with _progress() as bar:
         tasks = {}
 
@@ -202,10 +210,50 @@ def bench(
                 tasks[method] = bar.add_task(method, total=total)
             bar.advance(tasks[method], k)
 
-        result = run_replay_bench(tokenized, names, batch=sizes[0], model=tok.name,
-                                  traces=[str(t) for t in traces], setup=setup,
+        result = run_replay_bench(run.tokenized, run.names, batch=run.sizes[0],
+                                  model=run.setup.tokenizer.name,
+                                  traces=[str(t) for t in run.traces], setup=run.setup,
                                   progress=tick)
-    _emit(result.report, json_out, plot_out, sample=sample)
+    _emit(result.report, json_out, plot_out, sample=run.sample)
+
+
+def _bench_mlx(run: BenchRun, *, json_out, plot_out, max_tokens, max_prompt_tokens) -> None:
+    from agentspec.backends.mlx import MLXError
+    from agentspec.backends.mlx_bench import run_cli
+    from agentspec.bench import measured_table
+
+    try:
+        report = run_cli(run.tokenized, run.names, run.setup, console=console,
+                         model=run.model, dtype=run.dtype, max_tokens=max_tokens,
+                         max_prompt_tokens=max_prompt_tokens,
+                         traces=[str(t) for t in run.traces]).report
+    except (MLXError, *_user_errors()) as e:
+        fail(str(e))
+    _emit(report, json_out, plot_out, measured_table(report), sample=run.sample)
+
+
+def _bench_vllm(run: BenchRun, *, json_out, plot_out, max_tokens, max_prompt_tokens) -> None:
+    from agentspec.backends.vllm_bench import VLLMError, run_cli as run_vllm
+    from agentspec.bench import measured_table
+
+    try:
+        results = run_vllm(run.tokenized, run.names, run.setup, model=run.model, dtype=run.dtype,
+                           batches=run.sizes, max_tokens=max_tokens,
+                           max_prompt_tokens=max_prompt_tokens,
+                           traces=[str(t) for t in run.traces], console=console)
+    except (VLLMError, *_user_errors()) as e:
+        fail(str(e))
+
+    def per_size(path: Optional[Path], b: int) -> Optional[Path]:
+        return path.with_suffix(f".b{b}{path.suffix}") if path and len(run.sizes) > 1 else path
+
+    for r in results:
+        b = r.report["batch"]
+        _emit(r.report, per_size(json_out, b), per_size(plot_out, b), measured_table(r.report),
+              sample=run.sample)
+
+
+BENCH_BACKENDS = {"replay": _bench_replay, "mlx": _bench_mlx, "vllm": _bench_vllm}
 
 
 def _emit(report: dict, json_out: Optional[Path], plot_out: Optional[Path], *extra,
@@ -224,18 +272,6 @@ def _emit(report: dict, json_out: Optional[Path], plot_out: Optional[Path], *ext
     if plot_out:
         plot(report, plot_out)
         console.print(f"wrote {plot_out}")
-
-
-def _bench_mlx(tokenized, names, setup, *, json_out, plot_out, sample, **options) -> None:
-    from agentspec.backends.mlx import MLXError
-    from agentspec.backends.mlx_bench import run_cli
-    from agentspec.bench import measured_table
-
-    try:
-        report = run_cli(tokenized, names, setup, console=console, **options).report
-    except (MLXError, *_user_errors()) as e:
-        fail(str(e))
-    _emit(report, json_out, plot_out, measured_table(report), sample=sample)
 
 
 @app.command("profile-lambda")
@@ -507,7 +543,7 @@ def _run_agent(tasks, *, model, dtype, method, compare, max_turns, max_tokens, o
     from agentspec.agents.llm import CallStats, EngineLLM
     from agentspec.backends import mlx as engine
     from agentspec.backends.mlx_probe import default_profile
-    from agentspec.bench import BenchSetup, methods_table
+    from agentspec.bench import BenchSetup
     from agentspec.costs import load_profile
     from agentspec.structure import token_bytes
     from agentspec.tokens import ChatTokenizer
@@ -569,7 +605,16 @@ def _run_agent(tasks, *, model, dtype, method, compare, max_turns, max_tokens, o
     write_sessions(out_dir / "trace.jsonl.gz", [r.session for r in results])
     json_out.parent.mkdir(parents=True, exist_ok=True)
     json_out.write_text(json.dumps(summary, indent=2) + "\n")
-    table = Table(title=f"agent · {eng.name} · method {method}")
+    _print_agent_summary(summary, results, errors, spent, len(tasks),
+                         f"{eng.name} · method {method}")
+    console.print(f"wrote {out_dir / 'trace.jsonl.gz'} and {json_out}")
+
+
+def _print_agent_summary(summary: dict, results, errors: dict, spent: dict, n_tasks: int,
+                         title: str) -> None:
+    from agentspec.bench import methods_table
+
+    table = Table(title=f"agent · {title}")
     for col in ("task", "solved", "turns", "review", "tokens", "tok/s", "error"):
         table.add_column(col, justify="left" if col in ("task", "error") else "right")
     for r in results:
@@ -581,8 +626,7 @@ def _run_agent(tasks, *, model, dtype, method, compare, max_turns, max_tokens, o
     out.print(table)
     out.print("review: the review role's verdict per turn (accept, reject, or none: it gave no "
               "'verdict:' line, common for a small model)")
-    out.print(methods_table(summary["methods"], f"per method · {len(tasks)} task(s)"))
-    console.print(f"wrote {out_dir / 'trace.jsonl.gz'} and {json_out}")
+    out.print(methods_table(summary["methods"], f"per method · {n_tasks} task(s)"))
 
 
 class Heartbeat:

@@ -50,6 +50,8 @@ def test_a_few_bad_sessions_are_skipped_with_a_count(tmp_path, tiny_model_dir):
     (["--kmax", "missing-kmax.json"], "no such Kmax table"),
     (["--backend", "tpu"], "backend 'tpu' is not available"),
     (["--sessions", "0"], "at least 1"),
+    (["--backend", "mlx", "--batch", "4"], "generates one session at a time"),
+    (["--batch", "1,4"], "several sizes only with --backend vllm"),
 ])
 def test_bad_input_exits_2_with_one_message(tmp_path, trace, tiny_model_dir, monkeypatch, args,
                                             message):
