@@ -121,6 +121,7 @@ from mlx_lm.models.cache import (ArraysCache, BatchKVCache, KVCache,  # noqa: E4
                                  RotatingKVCache, make_prompt_cache, trim_prompt_cache)
 
 from agentspec.drafter import Drafter, Request  # noqa: E402
+from agentspec.speculation import Loop, Row  # noqa: E402
 
 
 class MLXError(Exception):
@@ -385,18 +386,6 @@ def _clip(draft: Sequence[int], k: int, vocab: int) -> list[int]:
     return out
 
 
-def _emit(new: list[int], out: list[int], stop: set, max_tokens: int) -> tuple[list[int], str]:
-    """Tokens of `new` that join the output, and why generation ends ('' = it goes on)."""
-    taken = []
-    for t in new:
-        if t in stop:
-            return taken, "stop"
-        taken.append(t)
-        if len(out) + len(taken) >= max_tokens:
-            return taken, "length"
-    return taken, ""
-
-
 def _check_context(n_prompt: int, max_tokens: int, context: int | None) -> int:
     if n_prompt < 1:
         raise MLXError("the prompt is empty")
@@ -408,6 +397,49 @@ def _check_context(n_prompt: int, max_tokens: int, context: int | None) -> int:
 
 def _context_of(model: nn.Module) -> int | None:
     return getattr(getattr(model, "args", None), "max_position_embeddings", None)
+
+
+class OneRow:
+    """The speculation loop's target for one request on a plain KV cache.
+
+    A rollback the cache does not honour disables speculation for the model and re-fills
+    the cache, so the output stays exact (`speculate` tells the caller to stop drafting).
+    """
+
+    def __init__(self, model: nn.Module, cache: list, plan: CachePlan, temperature: float,
+                 max_draft: int, speculate: bool):
+        self.model, self.cache, self.plan = model, cache, plan
+        self.temperature, self.max_draft, self.speculate = temperature, max_draft, speculate
+        self.vocab = _vocab(model)
+
+    def join(self, rows):
+        pass
+
+    def clip(self, row: Row, draft: list[int]) -> list[int]:
+        return _clip(draft, min(self.max_draft, row.max_tokens - len(row.tokens) - 1), self.vocab)
+
+    def verify(self, rows, drafts):
+        (row,), (draft,) = rows, drafts
+        logits = _logits(self.model, [row.pending] + draft, self.cache)[0]
+        return [choose(logits, self.temperature, row.seed, len(row.tokens))]
+
+    def rollback(self, rows, drafts, accepted):
+        (row,), (draft,), (a,) = rows, drafts, accepted
+        try:
+            rollback(self.cache, len(draft) - a, self.plan)
+        except _TrimFailed:
+            warnings.warn(f"speculation disabled mid-request, re-filling the cache: "
+                          f"{self.plan.reason}", stacklevel=2)
+            self.speculate = False
+            self.cache = prefill(self.model, row.request.tokens + draft[:a], plan=self.plan)
+
+    def leave(self, keep):
+        pass
+
+
+def _generation(row: Row, speculated: bool, seconds: float) -> Generation:
+    return Generation(row.tokens, row.finish or "length", row.steps, seconds, row.drafter_ns,
+                      speculated)
 
 
 def generate(model: nn.Module, prompt_ids: Sequence[int], drafter: Drafter | None = None,
@@ -436,46 +468,16 @@ def generate(model: nn.Module, prompt_ids: Sequence[int], drafter: Drafter | Non
                        f"{len(prompt) - 1} first ones")
     if request is None:
         request = Request(id="mlx", session="mlx", tokens=list(prompt), num_prompt=len(prompt))
-    stop = set(stop_ids)
-    gen = Generation([], "length", speculated=speculate)
+    row = Row(request, max_tokens, frozenset(stop_ids), pending=prompt[-1], seed=seed)
     if max_tokens <= 0:
-        return gen
-    pending = prompt[-1]
-    vocab = _vocab(model)
+        return _generation(row, speculate, 0.0)
+    target = OneRow(model, cache, plan, temperature, max_draft, speculate)
+    loop = Loop(target, drafter if speculate else None, rows=[row])
     t_start = perf_counter()
-    while True:
-        draft: list[int] = []
-        if speculate:
-            t0 = perf_counter_ns()
-            draft = list(drafter.propose([request])[0])
-            gen.drafter_ns += perf_counter_ns() - t0
-            draft = _clip(draft, min(max_draft, max_tokens - len(gen.tokens) - 1), vocab)
-        logits = _logits(model, [pending] + draft, cache)[0]
-        choices = choose(logits, temperature, seed, len(gen.tokens))
-        a = 0
-        while a < len(draft) and draft[a] == choices[a]:
-            a += 1
-        try:
-            rollback(cache, len(draft) - a, plan)
-        except _TrimFailed:
-            warnings.warn(f"speculation disabled mid-request, re-filling the cache: "
-                          f"{plan.reason}", stacklevel=2)
-            speculate = False
-            cache = prefill(model, request.tokens + draft[:a], plan=plan)
-        new, done = _emit(draft[:a] + [choices[a]], gen.tokens, stop, max_tokens)
-        gen.tokens.extend(new)
-        request.tokens.extend(new)
-        gen.steps.append((len(new), len(draft), a))
-        if speculate:
-            t0 = perf_counter_ns()
-            drafter.observe(request, len(draft), a)
-            gen.drafter_ns += perf_counter_ns() - t0
-        if done:
-            gen.finish = done
-            break
-        pending = choices[a]
-    gen.seconds = perf_counter() - t_start
-    return gen
+    while loop.rows:
+        loop.drafter = drafter if target.speculate else None
+        loop.step()
+    return _generation(row, speculate, perf_counter() - t_start)
 
 
 def plain_tokens(model: nn.Module, prompt_ids: Sequence[int], max_tokens: int,
@@ -510,19 +512,80 @@ def plain_tokens(model: nn.Module, prompt_ids: Sequence[int], max_tokens: int,
 # ---------------------------------------------------------------- several requests
 
 
-@dataclass
-class _Row:
-    index: int
-    prompt: list[int]
-    request: Request
-    pending: int
-    gen: Generation
-    max_tokens: int
-
-
 def _merge_rows(caches: list[list]) -> list:
     """Per layer, one left-padded BatchKVCache holding each single-row cache."""
     return [BatchKVCache.merge([c[layer] for c in caches]) for layer in range(len(caches[0]))]
+
+
+class Rows:
+    """The speculation loop's target for a batch of rows on one left-padded BatchKVCache.
+
+    Each row feeds its pending token and its own draft; shorter rows are right-padded.
+    After verification every row keeps only its accepted tokens: the cache is trimmed by
+    the smallest rejection and each row's remaining rejected tail is rolled to the left
+    padding (`prepare(right_padding)` + `finalize()`), so rows never see each other's
+    rejected tokens. A joining row brings its prefilled single-row cache in `row.state`
+    (prefilled here when None).
+    """
+
+    def __init__(self, model: nn.Module, plan: CachePlan, temperature: float, max_draft: int):
+        self.model, self.plan = model, plan
+        self.temperature, self.max_draft = temperature, max_draft
+        self.vocab = _vocab(model)
+        self.cache: list | None = None
+        self.width = 1
+
+    def join(self, rows):
+        single = [r.state if r.state is not None else
+                  prefill(self.model, r.request.tokens[:-1], plan=self.plan) for r in rows]
+        for r in rows:
+            r.state = None
+        merged = _merge_rows(single)
+        if self.cache is None:
+            self.cache = merged
+        else:
+            for c, m in zip(self.cache, merged):
+                c.extend(m)
+
+    def clip(self, row: Row, draft: list[int]) -> list[int]:
+        return _clip(draft, min(self.max_draft, row.max_tokens - len(row.tokens) - 1), self.vocab)
+
+    def verify(self, rows, drafts):
+        self.width = 1 + max(len(d) for d in drafts)
+        x = mx.array([[r.pending] + d + [0] * (self.width - 1 - len(d))
+                      for r, d in zip(rows, drafts)], dtype=mx.int32)
+        logits = self.model(x, cache=self.cache)
+        if self.temperature <= 0:
+            return mx.argmax(logits, axis=-1).tolist()
+        return [choose(logits[j], self.temperature, r.seed, len(r.tokens))
+                for j, r in enumerate(rows)]
+
+    def rollback(self, rows, drafts, accepted):
+        reject = [self.width - 1 - a for a in accepted]  # fed width, keep pending + a drafts
+        common = min(reject)
+        rollback(self.cache, common, self.plan)
+        extra = [r - common for r in reject]
+        if any(extra):
+            for c in self.cache:
+                c.prepare(right_padding=extra)
+                c.finalize()
+
+    def extract(self, j: int) -> list:
+        """Row j's cache as a single-row KVCache list (for a prompt cache)."""
+        return [c.extract(j) for c in self.cache]
+
+    def leave(self, keep):
+        if not keep:
+            self.cache = None
+            return
+        idx = mx.array(list(keep), dtype=mx.int32)
+        for c in self.cache:
+            c.filter(idx)
+
+
+def batchable(model: nn.Module, plan: CachePlan, longest: int) -> bool:
+    """Whether rows of this model can share one BatchKVCache while speculating."""
+    return all(type(c) is KVCache for c in plan.make(model, 0)) and plan.speculates(longest)
 
 
 def generate_batch(model: nn.Module, prompts: Sequence[Sequence[int]],
@@ -534,12 +597,8 @@ def generate_batch(model: nn.Module, prompts: Sequence[Sequence[int]],
                    ) -> list[Generation]:
     """Generate for every prompt, up to `batch` rows per forward pass; rows join and leave.
 
-    Each row feeds its pending token and its own draft; shorter rows are right-padded.
-    After verification every row keeps only its accepted tokens: the cache is trimmed by
-    the smallest rejection and each row's remaining rejected tail is rolled to the left
-    padding (`prepare(right_padding)` + `finalize()`), so rows never see each other's
-    rejected tokens. `on_start` runs when a row joins (call drafter.start there),
-    `on_finish` when it ends. Sampling seeds are per row: `seed + index`.
+    `on_start` runs when a row joins (call drafter.start there), `on_finish` when it ends.
+    Sampling seeds are per row: `seed + index`.
     """
     plan = plan or plan_for(model)
     n = len(prompts)
@@ -549,9 +608,8 @@ def generate_batch(model: nn.Module, prompts: Sequence[Sequence[int]],
     context = _context_of(model)
     limits = [_check_context(len(p), max_tokens, context) for p in prompts]
     results: list[Generation | None] = [None] * n
-    batchable = all(type(c) is KVCache for c in plan.make(model, 0))
-    if (batch == 1 or not batchable
-            or not plan.speculates(max(len(p) for p in prompts) + max_tokens + max_draft)):
+    if batch == 1 or not batchable(model, plan, max(len(p) for p in prompts) + max_tokens
+                                   + max_draft):
         # one row at a time: no batched cache for recurrent state or sliding windows
         for i, p in enumerate(prompts):
             if on_start:
@@ -561,93 +619,31 @@ def generate_batch(model: nn.Module, prompts: Sequence[Sequence[int]],
             if on_finish:
                 on_finish(requests[i], results[i])
         return results
-    stop = set(stop_ids)
-    vocab = _vocab(model)
-    waiting = list(range(n))
-    rows: list[_Row] = []
-    cache: list | None = None
     t_start = perf_counter()
-    while waiting or rows:
+    index = {}
+
+    def finished(row: Row) -> None:
+        gen = _generation(row, True, perf_counter() - t_start)
+        results[index[id(row)]] = gen
+        if on_finish:
+            on_finish(row.request, gen)
+
+    loop = Loop(Rows(model, plan, temperature, max_draft), drafter, on_finish=finished)
+    waiting = list(range(n))
+    while waiting or loop.rows:
         joining = []
-        while waiting and len(rows) + len(joining) < batch:
+        while waiting and len(loop.rows) + len(joining) < batch:
             i = waiting.pop(0)
             if on_start:
                 on_start(requests[i])
-            row = _Row(i, list(prompts[i]), requests[i], prompts[i][-1],
-                       Generation([], "length"), limits[i])
+            row = Row(requests[i], limits[i], frozenset(stop_ids), pending=prompts[i][-1],
+                      seed=seed + i)
+            index[id(row)] = i
             if row.max_tokens <= 0:
-                results[i] = row.gen
-                if on_finish:
-                    on_finish(row.request, row.gen)
+                finished(row)
                 continue
             joining.append(row)
-        if joining:
-            single = [prefill(model, r.prompt[:-1], plan=plan) for r in joining]
-            merged = _merge_rows(single)
-            if cache is None:
-                cache = merged
-            else:
-                for c, m in zip(cache, merged):
-                    c.extend(m)
-            rows.extend(joining)
-        if not rows:
-            break
-        drafts: list[list[int]] = [[] for _ in rows]
-        if drafter is not None:
-            t0 = perf_counter_ns()
-            proposed = drafter.propose([r.request for r in rows])
-            spent = (perf_counter_ns() - t0) // len(rows)
-            for j, (r, d) in enumerate(zip(rows, proposed)):
-                drafts[j] = _clip(d, min(max_draft, r.max_tokens - len(r.gen.tokens) - 1), vocab)
-                r.gen.drafter_ns += spent
-        width = 1 + max(len(d) for d in drafts)
-        x = mx.array([[r.pending] + d + [0] * (width - 1 - len(d)) for r, d in zip(rows, drafts)],
-                     dtype=mx.int32)
-        logits = model(x, cache=cache)
-        if temperature <= 0:
-            table = mx.argmax(logits, axis=-1).tolist()
-        else:
-            table = [choose(logits[j], temperature, seed + r.index, len(r.gen.tokens))
-                     for j, r in enumerate(rows)]
-        accepted = []
-        for d, choices in zip(drafts, table):
-            a = 0
-            while a < len(d) and d[a] == choices[a]:
-                a += 1
-            accepted.append(a)
-        reject = [width - 1 - a for a in accepted]  # fed width, keep pending + a drafts
-        common = min(reject)
-        rollback(cache, common, plan)
-        extra = [r - common for r in reject]
-        if any(extra):
-            for c in cache:
-                c.prepare(right_padding=extra)
-                c.finalize()
-        keep = []
-        for j, (r, d, choices, a) in enumerate(zip(rows, drafts, table, accepted)):
-            new, done = _emit(d[:a] + [choices[a]], r.gen.tokens, stop, r.max_tokens)
-            r.gen.tokens.extend(new)
-            r.request.tokens.extend(new)
-            r.gen.steps.append((len(new), len(d), a))
-            if drafter is not None:
-                t0 = perf_counter_ns()
-                drafter.observe(r.request, len(d), a)
-                r.gen.drafter_ns += perf_counter_ns() - t0
-            if done:
-                r.gen.finish = done
-                r.gen.seconds = perf_counter() - t_start
-                results[r.index] = r.gen
-                if on_finish:
-                    on_finish(r.request, r.gen)
-            else:
-                r.pending = choices[a]
-                keep.append(j)
-        if len(keep) < len(rows):
-            rows = [rows[j] for j in keep]
-            if rows:
-                idx = mx.array(keep, dtype=mx.int32)
-                for c in cache:
-                    c.filter(idx)
-            else:
-                cache = None
+        loop.join(joining)
+        if loop.rows:
+            loop.step()
     return results
