@@ -50,6 +50,8 @@ class Row:
     finish: str = ""  # stop | length once done
     steps: list[tuple[int, int, int]] = field(default_factory=list)  # (emitted, drafted, accepted)
     drafter_ns: int = 0  # time in propose (this row's share) and observe
+    temperature: float = 0.0  # 0: greedy
+    top_p: float = 1.0
     seed: int = 0  # sampling seed of this row
     state: Any = None  # what the engine keeps for the row (a prefilled cache, a cursor)
 
@@ -148,3 +150,11 @@ class Loop:
             self.target.leave(keep)
             self.rows = [self.rows[j] for j in keep]
         return finished
+
+    def drop(self, rows: Sequence[Row]) -> None:
+        """Rows leave before they finish (their client went away)."""
+        gone = {id(r) for r in rows}
+        keep = [j for j, r in enumerate(self.rows) if id(r) not in gone]
+        if len(keep) < len(self.rows):
+            self.target.leave(keep)
+            self.rows = [self.rows[j] for j in keep]

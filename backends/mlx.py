@@ -339,15 +339,30 @@ def _key(seed: int, position: int) -> mx.array:
     return mx.random.key((seed * 1_000_003 + position) % (1 << 62))
 
 
-def choose(logits: mx.array, temperature: float, seed: int, first: int) -> list[int]:
+def _nucleus(logits: mx.array, top_p: float) -> mx.array:
+    """Logits outside the smallest set of tokens whose probability reaches top_p set to -inf."""
+    probs = mx.softmax(logits, axis=-1)
+    order = mx.argsort(-probs, axis=-1)
+    sorted_probs = mx.take_along_axis(probs, order, axis=-1)
+    before = mx.cumsum(sorted_probs, axis=-1) - sorted_probs  # mass of the better tokens
+    keep_sorted = before < top_p
+    keep = mx.put_along_axis(mx.zeros_like(keep_sorted), order, keep_sorted, axis=-1)
+    return mx.where(keep, logits, -mx.inf)
+
+
+def choose(logits: mx.array, temperature: float, seed: int, first: int,
+           top_p: float = 1.0) -> list[int]:
     """Target's token at each position of `logits` (L, V); position j is output index first+j.
 
-    Greedy at temperature 0; otherwise a Gumbel-max sample whose noise depends only on
-    (seed, output index), so any schedule of verification steps samples the same tokens.
+    Greedy at temperature 0; otherwise a Gumbel-max sample (of the top_p nucleus) whose
+    noise depends only on (seed, output index), so any schedule of verification steps
+    samples the same tokens.
     """
     if temperature <= 0:
         return mx.argmax(logits, axis=-1).tolist()
     scaled = logits.astype(mx.float32) / temperature
+    if top_p < 1.0:
+        scaled = _nucleus(scaled, top_p)
     noise = mx.stack([mx.random.gumbel((logits.shape[-1],), key=_key(seed, first + j))
                       for j in range(logits.shape[0])])
     return mx.argmax(scaled + noise, axis=-1).tolist()
@@ -406,10 +421,10 @@ class OneRow:
     the cache, so the output stays exact (`speculate` tells the caller to stop drafting).
     """
 
-    def __init__(self, model: nn.Module, cache: list, plan: CachePlan, temperature: float,
-                 max_draft: int, speculate: bool):
+    def __init__(self, model: nn.Module, cache: list, plan: CachePlan, max_draft: int,
+                 speculate: bool):
         self.model, self.cache, self.plan = model, cache, plan
-        self.temperature, self.max_draft, self.speculate = temperature, max_draft, speculate
+        self.max_draft, self.speculate = max_draft, speculate
         self.vocab = _vocab(model)
 
     def join(self, rows):
@@ -421,7 +436,7 @@ class OneRow:
     def verify(self, rows, drafts):
         (row,), (draft,) = rows, drafts
         logits = _logits(self.model, [row.pending] + draft, self.cache)[0]
-        return [choose(logits, self.temperature, row.seed, len(row.tokens))]
+        return [choose(logits, row.temperature, row.seed, len(row.tokens), row.top_p)]
 
     def rollback(self, rows, drafts, accepted):
         (row,), (draft,), (a,) = rows, drafts, accepted
@@ -468,10 +483,11 @@ def generate(model: nn.Module, prompt_ids: Sequence[int], drafter: Drafter | Non
                        f"{len(prompt) - 1} first ones")
     if request is None:
         request = Request(id="mlx", session="mlx", tokens=list(prompt), num_prompt=len(prompt))
-    row = Row(request, max_tokens, frozenset(stop_ids), pending=prompt[-1], seed=seed)
+    row = Row(request, max_tokens, frozenset(stop_ids), pending=prompt[-1],
+              temperature=temperature, seed=seed)
     if max_tokens <= 0:
         return _generation(row, speculate, 0.0)
-    target = OneRow(model, cache, plan, temperature, max_draft, speculate)
+    target = OneRow(model, cache, plan, max_draft, speculate)
     loop = Loop(target, drafter if speculate else None, rows=[row])
     t_start = perf_counter()
     while loop.rows:
@@ -528,9 +544,8 @@ class Rows:
     (prefilled here when None).
     """
 
-    def __init__(self, model: nn.Module, plan: CachePlan, temperature: float, max_draft: int):
-        self.model, self.plan = model, plan
-        self.temperature, self.max_draft = temperature, max_draft
+    def __init__(self, model: nn.Module, plan: CachePlan, max_draft: int = 64):
+        self.model, self.plan, self.max_draft = model, plan, max_draft
         self.vocab = _vocab(model)
         self.cache: list | None = None
         self.width = 1
@@ -555,9 +570,9 @@ class Rows:
         x = mx.array([[r.pending] + d + [0] * (self.width - 1 - len(d))
                       for r, d in zip(rows, drafts)], dtype=mx.int32)
         logits = self.model(x, cache=self.cache)
-        if self.temperature <= 0:
+        if all(r.temperature <= 0 for r in rows):
             return mx.argmax(logits, axis=-1).tolist()
-        return [choose(logits[j], self.temperature, r.seed, len(r.tokens))
+        return [choose(logits[j], r.temperature, r.seed, len(r.tokens), r.top_p)
                 for j, r in enumerate(rows)]
 
     def rollback(self, rows, drafts, accepted):
@@ -628,7 +643,7 @@ def generate_batch(model: nn.Module, prompts: Sequence[Sequence[int]],
         if on_finish:
             on_finish(row.request, gen)
 
-    loop = Loop(Rows(model, plan, temperature, max_draft), drafter, on_finish=finished)
+    loop = Loop(Rows(model, plan, max_draft), drafter, on_finish=finished)
     waiting = list(range(n))
     while waiting or loop.rows:
         joining = []
@@ -637,7 +652,7 @@ def generate_batch(model: nn.Module, prompts: Sequence[Sequence[int]],
             if on_start:
                 on_start(requests[i])
             row = Row(requests[i], limits[i], frozenset(stop_ids), pending=prompts[i][-1],
-                      seed=seed + i)
+                      temperature=temperature, seed=seed + i)
             index[id(row)] = i
             if row.max_tokens <= 0:
                 finished(row)
