@@ -249,3 +249,24 @@ def test_metrics_count_drafts(servers):
     assert m["agentspec_requests_total"] >= 10
     assert m["agentspec_generated_tokens_total"] > 0 and m["agentspec_steps_total"] > 0
     assert "agentspec_accepted_tokens_total" in m and m["agentspec_draft_tokens_total"] >= 0
+
+
+class Chars:
+    """A tokenizer whose ids are characters; 0 is half of a two-byte character."""
+
+    def decode(self, ids):
+        text = "".join(chr(i) if i else "\ufffd" for i in ids)
+        return text.replace("\ufffd" + chr(1), "é")
+
+
+def test_text_stream_holds_back_partial_characters_and_stop_strings():
+    from agentspec.backends.openai_server import TextStream
+
+    t = TextStream(Chars(), ["END"])
+    assert t.add([ord("a"), 0]) == "a"  # the half character waits
+    assert t.add([1, ord("E")]) == "é"  # "E" may start the stop string
+    assert t.add([ord("x")]) == "Ex" and not t.stopped
+    assert t.add([ord("E"), ord("N"), ord("D"), ord("z")]) == "" and t.stopped
+    assert t.text == "aéEx"
+    t = TextStream(Chars(), [])
+    assert t.add([ord("E")]) == "E" and t.rest() == ""
