@@ -28,7 +28,7 @@ import sys
 import warnings
 import weakref
 from dataclasses import dataclass, field
-from time import perf_counter, perf_counter_ns
+from time import perf_counter
 from typing import Callable, Sequence
 
 # ---------------------------------------------------------------- BLAS (before mlx)
@@ -401,7 +401,7 @@ def _clip(draft: Sequence[int], k: int, vocab: int) -> list[int]:
     return out
 
 
-def _check_context(n_prompt: int, max_tokens: int, context: int | None) -> int:
+def check_context(n_prompt: int, max_tokens: int, context: int | None) -> int:
     if n_prompt < 1:
         raise MLXError("the prompt is empty")
     if context and n_prompt >= context:
@@ -471,7 +471,7 @@ def generate(model: nn.Module, prompt_ids: Sequence[int], drafter: Drafter | Non
     """
     plan = plan or plan_for(model)
     prompt = list(prompt_ids)
-    max_tokens = _check_context(len(prompt), max_tokens, _context_of(model))
+    max_tokens = check_context(len(prompt), max_tokens, _context_of(model))
     total = len(prompt) + max_tokens + max_draft
     speculate = drafter is not None and plan.speculates(total)
     if drafter is not None and not speculate:
@@ -505,7 +505,7 @@ def plain_tokens(model: nn.Module, prompt_ids: Sequence[int], max_tokens: int,
     from mlx_lm.generate import generate_step
 
     prompt = list(prompt_ids)
-    max_tokens = _check_context(len(prompt), max_tokens, _context_of(model))
+    max_tokens = check_context(len(prompt), max_tokens, _context_of(model))
     gen = Generation([], "length", speculated=False)
     if max_tokens <= 0:
         return gen
@@ -621,7 +621,7 @@ def generate_batch(model: nn.Module, prompts: Sequence[Sequence[int]],
         Request(id=f"mlx#{i}", session=f"mlx#{i}", tokens=list(p), num_prompt=len(p))
         for i, p in enumerate(prompts)]
     context = _context_of(model)
-    limits = [_check_context(len(p), max_tokens, context) for p in prompts]
+    limits = [check_context(len(p), max_tokens, context) for p in prompts]
     results: list[Generation | None] = [None] * n
     if batch == 1 or not batchable(model, plan, max(len(p) for p in prompts) + max_tokens
                                    + max_draft):
@@ -662,3 +662,33 @@ def generate_batch(model: nn.Module, prompts: Sequence[Sequence[int]],
         if loop.rows:
             loop.step()
     return results
+
+
+def generate_each(eng: Engine, drafters: dict[str, Drafter | None], prompt: list[int],
+                  make_request: Callable[[], Request], max_tokens: int
+                  ) -> tuple[float, dict[str, Generation]]:
+    """Generate one prompt with each drafter in turn (None: mlx-lm's plain generation), all
+    from one prefill that is trimmed back after each; returns (prefill seconds, generations).
+
+    Each drafter's request (from `make_request`) is started before and finished after.
+    """
+    limit = check_context(len(prompt), max_tokens, eng.context)
+    t0 = perf_counter()
+    cache = prefill(eng.model, prompt[:-1], plan=eng.plan, total_tokens=len(prompt) + limit + 64)
+    prefill_s = perf_counter() - t0
+    base = len(prompt) - 1
+    gens = {}
+    for name, drafter in drafters.items():
+        if drafter is None:
+            gen = plain_tokens(eng.model, prompt, limit, eng.stop_ids, cache=cache)
+        else:
+            req = make_request()
+            drafter.start(req)
+            gen = generate(eng.model, prompt, drafter, req, limit, eng.stop_ids, cache=cache,
+                           plan=eng.plan)
+            drafter.finish(req)
+        grown = cache_len(cache) - base
+        if grown > 0 and trim_prompt_cache(cache, grown) != grown:
+            cache = prefill(eng.model, prompt[:-1], plan=eng.plan)
+        gens[name] = gen
+    return prefill_s, gens

@@ -46,7 +46,6 @@ import os
 import time
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any, Sequence
 
 from agentspec.drafter import FILE, PROMPT, Request
 from agentspec.sessions import PREFIX, common_prefix as _common_prefix
