@@ -16,6 +16,7 @@ from collections import OrderedDict
 from typing import Any, Callable, Sequence
 
 from agentspec.drafter import FILE, PROMPT, Drafter, Request
+from agentspec.speculation import accepted_prefix as common_prefix
 from agentspec.structure import StructureError, parse_structure
 
 PREFIX = "agentspec_"
@@ -76,14 +77,6 @@ def infer_session(messages: Sequence[dict]) -> str:
     """A session key for a chat: equal for chats that begin with the same messages."""
     text = json.dumps(leading_messages(messages), sort_keys=True, ensure_ascii=False)
     return "chat:" + hashlib.sha1(text.encode()).hexdigest()[:16]
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 class SessionBook:

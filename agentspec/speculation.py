@@ -55,14 +55,6 @@ class Row:
     seed: int = 0  # sampling seed of this row
     state: Any = None  # what the engine keeps for the row (a prefilled cache, a cursor)
 
-    @property
-    def drafted(self) -> int:
-        return sum(s[1] for s in self.steps)
-
-    @property
-    def accepted(self) -> int:
-        return sum(s[2] for s in self.steps)
-
 
 class Target(Protocol):
     """What an engine supplies to the loop."""
