@@ -62,8 +62,8 @@ class Target(Protocol):
     def join(self, rows: Sequence[Row]) -> None:
         """Rows enter the batch (prefill, merge caches)."""
 
-    def clip(self, row: Row, draft: list[int]) -> list[int]:
-        """The part of `draft` this engine will verify."""
+    def clip(self, rows: Sequence[Row], drafts: list[list[int]]) -> list[list[int]]:
+        """The part of each row's draft this engine will verify."""
 
     def verify(self, rows: Sequence[Row], drafts: Sequence[list[int]]) -> list[list[int]]:
         """The target's token at each position of each row's pending token + draft.
@@ -105,11 +105,9 @@ class Loop:
         t0 = perf_counter_ns()
         proposed = self.drafter.propose([r.request for r in self.rows])
         share = (perf_counter_ns() - t0) // len(self.rows)
-        drafts = []
-        for row, draft in zip(self.rows, proposed):
+        for row in self.rows:
             row.drafter_ns += share
-            drafts.append(self.target.clip(row, list(draft)))
-        return drafts
+        return self.target.clip(self.rows, [list(d) for d in proposed])
 
     def step(self) -> list[Row]:
         """One verification step of every row; returns the rows that finished in it.

@@ -110,8 +110,16 @@ class ServeEngine:
         self.ready.set()
         while not self._stop:
             self._admit()
-            if self.loop.rows:
+            if not self.loop.rows:
+                continue
+            try:
                 self._step()
+            except Exception as e:  # fail the rows in flight, keep serving the next ones
+                log.error("agentspec serve: step failed: %s: %s", type(e).__name__, e)
+                for r in self.loop.rows:
+                    self.jobs.pop(id(r)).emit("error", f"generation failed: {e}")
+                self.target = engine.Rows(self.eng.model, self.eng.plan, lam=self.lam)
+                self.loop = Loop(self.target, self.drafter, on_finish=self._finished)
 
     def _load(self) -> None:
         from agentspec.bench import make_drafter
@@ -120,16 +128,17 @@ class ServeEngine:
         self.eng = engine.load(c.model, c.dtype)
         if self.eng.plan.mode == "none" or self.eng.plan.reason:
             self.say(f"warning: {self.eng.plan.reason}")
-        self.drafter = None
+        self.drafter, self.lam = None, None
         if c.method != "plain":
             setup = serve_setup(self.eng, c, self.say)
             self.drafter = make_drafter(c.method, setup)
             self.book = SessionBook(self.drafter, c.max_sessions, setup.tokenizer.encode)
+            self.lam = setup.profile.lam
         if not engine.batchable(self.eng.model, self.eng.plan, 0):
             raise engine.MLXError("serve needs a model whose layers all keep a plain KV cache "
                                   "(this one has sliding-window or recurrent layers)")
         self.jobs: dict[int, Job] = {}  # id(row) -> its job, while the row is in flight
-        self.target = engine.Rows(self.eng.model, self.eng.plan)
+        self.target = engine.Rows(self.eng.model, self.eng.plan, lam=self.lam)
         self.loop = Loop(self.target, self.drafter, on_finish=self._finished)
         self.cache = PromptCache(c.cache_bytes)
 

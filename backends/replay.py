@@ -38,8 +38,8 @@ class Recording:
     def join(self, rows):
         pass
 
-    def clip(self, row, draft):
-        return draft
+    def clip(self, rows, drafts):
+        return drafts
 
     def verify(self, rows, drafts):
         out = []

@@ -100,8 +100,9 @@ def run(url: str, model: str, calls: list[dict], clients: int, max_tokens: int) 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--server", action="append", required=True, help="NAME=URL (repeatable); "
-                   "the first is the reference for identical text and speedups")
+    p.add_argument("--server", action="append", required=True, help="NAME=URL or "
+                   "NAME=URL#MODEL (repeatable; MODEL: the name to send, default the first of "
+                   "/v1/models); the first is the reference for identical text and speedups")
     p.add_argument("--traces", default="../shared/traces/acr-run-1.jsonl.gz")
     p.add_argument("--sessions", type=int, default=3)
     p.add_argument("--seed", type=int, default=7)
@@ -118,7 +119,9 @@ def main() -> None:
               "clients": args.clients, "servers": {}}
     for spec in args.server:
         name, url = spec.split("=", 1)
-        model = openai.OpenAI(base_url=url.rstrip("/") + "/v1", api_key="-").models.list().data[0].id
+        url, _, model = url.partition("#")
+        model = model or openai.OpenAI(base_url=url.rstrip("/") + "/v1",
+                                       api_key="-").models.list().data[0].id
         r = run(url, model, calls, args.clients, args.max_tokens)
         report["servers"][name] = r
         print(f"{name:>10}: {r['tokens']} tokens in {r['seconds']} s = {r['tokens_per_s']} tok/s, "

@@ -25,8 +25,8 @@ class Echo:
     def join(self, rows):
         pass
 
-    def clip(self, row, draft):
-        return draft[:4]
+    def clip(self, rows, drafts):
+        return [d[:4] for d in drafts]
 
     def verify(self, rows, drafts):
         return [self.scripts[r.request.id][len(r.tokens):][:len(d) + 1]
