@@ -5,10 +5,11 @@ Sessions are chosen as `agentspec bench` chooses them (task split, then a seeded
 Every call with a recorded output is sent to `/v1/completions` as the text of its prompt
 (the model's chat layout, cut to the last --max-prompt-tokens tokens), greedy, streamed,
 with the session's `agentspec_*` metadata (session, role, files first opened by the call),
-so any server (agentspec serve, mlx_lm.server) gets the same requests. With --clients C,
-C threads take the calls from one queue in recorded order. Each server reports generated
-tokens per second (all tokens over the wall time of the run), mean time to first token,
-and whether every text equals the first server's.
+so any server (agentspec serve, mlx_lm.server) gets the same requests. Calls go in rounds
+of --clients C, in recorded order, sent at once (C concurrent clients); every server
+answers each round in turn, so a busy shared machine slows all of them alike. Each server
+reports generated tokens per second (all tokens over its rounds' wall time), mean time to
+first token, and whether every text equals the first server's.
 
     python scripts/serve_bench.py --server full=http://127.0.0.1:8001 \\
         --server plain=http://127.0.0.1:8002 --clients 1 --json out/serve-b1.json
@@ -18,8 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import queue
-import sys
 import threading
 import time
 from pathlib import Path
@@ -68,34 +67,42 @@ def ask(client: openai.OpenAI, model: str, call: dict, max_tokens: int) -> dict:
     return {"text": "".join(text), "tokens": tokens, "ttft": (first or time.perf_counter()) - t0}
 
 
-def run(url: str, model: str, calls: list[dict], clients: int, max_tokens: int) -> dict:
-    client = openai.OpenAI(base_url=url.rstrip("/") + "/v1", api_key="-", max_retries=0,
-                           timeout=600)
-    work: queue.Queue = queue.Queue()
-    for c in calls:
-        work.put(c)
-    results: dict[str, dict] = {}
-
-    def worker() -> None:
-        while True:
-            try:
-                c = work.get_nowait()
-            except queue.Empty:
-                return
-            results[c["key"]] = ask(client, model, c, max_tokens)
+def answer_round(client: openai.OpenAI, model: str, calls: list[dict], max_tokens: int,
+                 results: dict) -> float:
+    """Send `calls` at once, one client thread each; returns the wall seconds."""
+    def one(c: dict) -> None:
+        results[c["key"]] = ask(client, model, c, max_tokens)
 
     t0 = time.perf_counter()
-    threads = [threading.Thread(target=worker) for _ in range(clients)]
+    threads = [threading.Thread(target=one, args=(c,)) for c in calls]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    seconds = time.perf_counter() - t0
-    tokens = sum(r["tokens"] for r in results.values())
-    return {"url": url, "clients": clients, "calls": len(results), "tokens": tokens,
-            "seconds": round(seconds, 3), "tokens_per_s": round(tokens / seconds, 3),
-            "mean_ttft_s": round(sum(r["ttft"] for r in results.values()) / len(results), 4),
-            "texts": {k: results[k]["text"] for k in sorted(results)}}
+    return time.perf_counter() - t0
+
+
+def run_interleaved(servers: dict[str, tuple[str, str]], calls: list[dict], clients: int,
+                    max_tokens: int) -> dict[str, dict]:
+    """Rounds of `clients` calls in recorded order; each server answers a round in turn, so
+    the load of a shared machine falls on all of them alike."""
+    clients_of = {n: openai.OpenAI(base_url=u.rstrip("/") + "/v1", api_key="-", max_retries=0,
+                                   timeout=600) for n, (u, _) in servers.items()}
+    results = {n: {} for n in servers}
+    seconds = dict.fromkeys(servers, 0.0)
+    for i in range(0, len(calls), clients):
+        for n, (_, model) in servers.items():
+            seconds[n] += answer_round(clients_of[n], model, calls[i:i + clients], max_tokens,
+                                       results[n])
+    out = {}
+    for n, (url, _) in servers.items():
+        res, tokens = results[n], sum(r["tokens"] for r in results[n].values())
+        out[n] = {"url": url, "clients": clients, "calls": len(res), "tokens": tokens,
+                  "seconds": round(seconds[n], 3),
+                  "tokens_per_s": round(tokens / seconds[n], 3),
+                  "mean_ttft_s": round(sum(r["ttft"] for r in res.values()) / len(res), 4),
+                  "texts": {k: res[k]["text"] for k in sorted(res)}}
+    return out
 
 
 def main() -> None:
@@ -117,15 +124,16 @@ def main() -> None:
     report = {"traces": args.traces, "sessions": args.sessions, "seed": args.seed,
               "max_tokens": args.max_tokens, "max_prompt_tokens": args.max_prompt_tokens,
               "clients": args.clients, "servers": {}}
+    servers = {}
     for spec in args.server:
         name, url = spec.split("=", 1)
         url, _, model = url.partition("#")
-        model = model or openai.OpenAI(base_url=url.rstrip("/") + "/v1",
-                                       api_key="-").models.list().data[0].id
-        r = run(url, model, calls, args.clients, args.max_tokens)
-        report["servers"][name] = r
+        servers[name] = (url, model or openai.OpenAI(base_url=url.rstrip("/") + "/v1",
+                                                     api_key="-").models.list().data[0].id)
+    report["servers"] = run_interleaved(servers, calls, args.clients, args.max_tokens)
+    for name, r in report["servers"].items():
         print(f"{name:>10}: {r['tokens']} tokens in {r['seconds']} s = {r['tokens_per_s']} tok/s, "
-              f"mean TTFT {r['mean_ttft_s']} s", file=sys.stderr, flush=True)
+              f"mean TTFT {r['mean_ttft_s']} s")
     ref_name, ref = next(iter(report["servers"].items()))
     for name, r in report["servers"].items():
         r["identical_to_" + ref_name] = r["texts"] == ref["texts"]
