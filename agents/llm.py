@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Callable
 
 from agentspec.backends import mlx as engine  # loads OpenBLAS before MLX
-from agentspec.backends.mlx_bench import MethodRun, generate_call, method_runs
+from agentspec.backends.mlx_bench import MethodRun, method_runs
 from agentspec.bench import BenchSetup, method_entry
 from agentspec.tokens import ChatTokenizer, tokenize_sessions
 from agentspec.trace import Session
@@ -65,9 +65,11 @@ class EngineLLM:
         limit = self.max_tokens.get(role, max(MAX_TOKENS.values()))
         turn = self.calls % len(self.runs)  # methods take turns going first
         self.calls += 1
-        _, gens = generate_call(self.eng, self.runs[turn:] + self.runs[:turn], prompt,
-                                lambda: ts.request(index, prompt), limit, role,
-                                f"{session.id}#{index}")
+        order = self.runs[turn:] + self.runs[:turn]
+        _, gens = engine.generate_each(self.eng, {r.name: r.drafter for r in order}, prompt,
+                                       lambda: ts.request(index, prompt), limit)
+        for run in order:
+            run.add(f"{session.id}#{index}", role, gens[run.name])
         gen = gens[self.method]
         if self.on_call:
             plain = gens.get("plain") if self.method != "plain" else None

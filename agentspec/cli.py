@@ -660,6 +660,65 @@ class Heartbeat:
         self._thread.join()
 
 
+@app.command("serve")
+def serve_cmd(
+    model: Optional[str] = typer.Option(None, help="Embedded name, local folder or hub id "
+                                        "(default: smollm2-135m, pulled on first use)."),
+    method: str = typer.Option("full", help="Drafting method (see `agentspec bench --help`); "
+                               "plain drafts nothing."),
+    host: str = typer.Option("127.0.0.1", help="Address to listen on (loopback by default)."),
+    port: int = typer.Option(8000, min=0, max=65535, help="Port to listen on."),
+    max_batch: int = typer.Option(8, min=1, help="Most requests decoded together."),
+    dtype: str = typer.Option("float32", help="Weights as keep, float16 or float32."),
+    cache_gb: float = typer.Option(2.0, min=0.0, help="Prompt KV cache kept across requests "
+                                   "(GB; 0 turns it off)."),
+    max_sessions: int = typer.Option(64, min=1, help="Sessions whose drafting history is kept."),
+    cost_profile: Optional[Path] = typer.Option(None, help="Cost profile (agentspec.cost/1); "
+                                                "default: this machine's, measured on first use."),
+) -> None:
+    """Serve the model over an OpenAI-compatible API, drafting from each agent's session.
+
+    Point any agent's base URL at http://HOST:PORT/v1. Requests whose messages begin alike
+    (system prompt and first user message) share a session; optional agentspec_* metadata
+    (in `metadata` or `vllm_xargs`) names it. Output is identical to plain decoding.
+
+    [b]Example[/b]: agentspec serve --port 8000 --max-batch 8
+    """
+    from agentspec.bench import method_names
+
+    if method not in method_names():
+        fail(f"unknown method {method!r}; choose from {', '.join(method_names())}")
+    from agentspec.backends.mlx import ensure_blas_or_reexec
+
+    ensure_blas_or_reexec()
+    from agentspec.backends.mlx import MLXError
+    from agentspec.backends.mlx_serve import EngineConfig, ServeEngine
+
+    config = EngineConfig(model, dtype, method, max_batch, int(cache_gb * 1e9), max_sessions,
+                          str(cost_profile) if cost_profile else None)
+    server = ServeEngine(config, say=lambda m: console.print(m, highlight=False))
+    with console.status("loading the model"):
+        try:
+            server.start()
+        except MLXError as e:
+            fail(str(e))
+    _serve_http(server, model, host, port)
+
+
+def _serve_http(server, model: Optional[str], host: str, port: int) -> None:
+    import uvicorn
+
+    from agentspec.backends.openai_server import Api
+
+    names = list(dict.fromkeys([server.eng.name, model or "smollm2-135m"]))
+    console.print(f"serving {names[0]} ({server.config.method}, batch <= "
+                  f"{server.config.max_batch}) on http://{host}:{port}/v1", highlight=False)
+    try:
+        uvicorn.run(Api(server, names).app(), host=host, port=port, log_level="warning")
+    finally:
+        server.stop()
+
+
 def main() -> None:
     try:
         app()

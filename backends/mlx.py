@@ -28,7 +28,7 @@ import sys
 import warnings
 import weakref
 from dataclasses import dataclass, field
-from time import perf_counter, perf_counter_ns
+from time import perf_counter
 from typing import Callable, Sequence
 
 # ---------------------------------------------------------------- BLAS (before mlx)
@@ -121,6 +121,7 @@ from mlx_lm.models.cache import (ArraysCache, BatchKVCache, KVCache,  # noqa: E4
                                  RotatingKVCache, make_prompt_cache, trim_prompt_cache)
 
 from agentspec.drafter import Drafter, Request  # noqa: E402
+from agentspec.speculation import Loop, Row  # noqa: E402
 
 
 class MLXError(Exception):
@@ -338,15 +339,30 @@ def _key(seed: int, position: int) -> mx.array:
     return mx.random.key((seed * 1_000_003 + position) % (1 << 62))
 
 
-def choose(logits: mx.array, temperature: float, seed: int, first: int) -> list[int]:
+def _nucleus(logits: mx.array, top_p: float) -> mx.array:
+    """Logits outside the smallest set of tokens whose probability reaches top_p set to -inf."""
+    probs = mx.softmax(logits, axis=-1)
+    order = mx.argsort(-probs, axis=-1)
+    sorted_probs = mx.take_along_axis(probs, order, axis=-1)
+    before = mx.cumsum(sorted_probs, axis=-1) - sorted_probs  # mass of the better tokens
+    keep_sorted = before < top_p
+    keep = mx.put_along_axis(mx.zeros_like(keep_sorted), order, keep_sorted, axis=-1)
+    return mx.where(keep, logits, -mx.inf)
+
+
+def choose(logits: mx.array, temperature: float, seed: int, first: int,
+           top_p: float = 1.0) -> list[int]:
     """Target's token at each position of `logits` (L, V); position j is output index first+j.
 
-    Greedy at temperature 0; otherwise a Gumbel-max sample whose noise depends only on
-    (seed, output index), so any schedule of verification steps samples the same tokens.
+    Greedy at temperature 0; otherwise a Gumbel-max sample (of the top_p nucleus) whose
+    noise depends only on (seed, output index), so any schedule of verification steps
+    samples the same tokens.
     """
     if temperature <= 0:
         return mx.argmax(logits, axis=-1).tolist()
     scaled = logits.astype(mx.float32) / temperature
+    if top_p < 1.0:
+        scaled = _nucleus(scaled, top_p)
     noise = mx.stack([mx.random.gumbel((logits.shape[-1],), key=_key(seed, first + j))
                       for j in range(logits.shape[0])])
     return mx.argmax(scaled + noise, axis=-1).tolist()
@@ -385,19 +401,7 @@ def _clip(draft: Sequence[int], k: int, vocab: int) -> list[int]:
     return out
 
 
-def _emit(new: list[int], out: list[int], stop: set, max_tokens: int) -> tuple[list[int], str]:
-    """Tokens of `new` that join the output, and why generation ends ('' = it goes on)."""
-    taken = []
-    for t in new:
-        if t in stop:
-            return taken, "stop"
-        taken.append(t)
-        if len(out) + len(taken) >= max_tokens:
-            return taken, "length"
-    return taken, ""
-
-
-def _check_context(n_prompt: int, max_tokens: int, context: int | None) -> int:
+def check_context(n_prompt: int, max_tokens: int, context: int | None) -> int:
     if n_prompt < 1:
         raise MLXError("the prompt is empty")
     if context and n_prompt >= context:
@@ -408,6 +412,50 @@ def _check_context(n_prompt: int, max_tokens: int, context: int | None) -> int:
 
 def _context_of(model: nn.Module) -> int | None:
     return getattr(getattr(model, "args", None), "max_position_embeddings", None)
+
+
+class OneRow:
+    """The speculation loop's target for one request on a plain KV cache.
+
+    A rollback the cache does not honour disables speculation for the model and re-fills
+    the cache, so the output stays exact (`speculate` tells the caller to stop drafting).
+    """
+
+    def __init__(self, model: nn.Module, cache: list, plan: CachePlan, max_draft: int,
+                 speculate: bool):
+        self.model, self.cache, self.plan = model, cache, plan
+        self.max_draft, self.speculate = max_draft, speculate
+        self.vocab = _vocab(model)
+
+    def join(self, rows):
+        pass
+
+    def clip(self, rows, drafts):
+        return [_clip(d, min(self.max_draft, r.max_tokens - len(r.tokens) - 1), self.vocab)
+                for r, d in zip(rows, drafts)]
+
+    def verify(self, rows, drafts):
+        (row,), (draft,) = rows, drafts
+        logits = _logits(self.model, [row.pending] + draft, self.cache)[0]
+        return [choose(logits, row.temperature, row.seed, len(row.tokens), row.top_p)]
+
+    def rollback(self, rows, drafts, accepted):
+        (row,), (draft,), (a,) = rows, drafts, accepted
+        try:
+            rollback(self.cache, len(draft) - a, self.plan)
+        except _TrimFailed:
+            warnings.warn(f"speculation disabled mid-request, re-filling the cache: "
+                          f"{self.plan.reason}", stacklevel=2)
+            self.speculate = False
+            self.cache = prefill(self.model, row.request.tokens + draft[:a], plan=self.plan)
+
+    def leave(self, keep):
+        pass
+
+
+def _generation(row: Row, speculated: bool, seconds: float) -> Generation:
+    return Generation(row.tokens, row.finish or "length", row.steps, seconds, row.drafter_ns,
+                      speculated)
 
 
 def generate(model: nn.Module, prompt_ids: Sequence[int], drafter: Drafter | None = None,
@@ -424,7 +472,7 @@ def generate(model: nn.Module, prompt_ids: Sequence[int], drafter: Drafter | Non
     """
     plan = plan or plan_for(model)
     prompt = list(prompt_ids)
-    max_tokens = _check_context(len(prompt), max_tokens, _context_of(model))
+    max_tokens = check_context(len(prompt), max_tokens, _context_of(model))
     total = len(prompt) + max_tokens + max_draft
     speculate = drafter is not None and plan.speculates(total)
     if drafter is not None and not speculate:
@@ -436,46 +484,17 @@ def generate(model: nn.Module, prompt_ids: Sequence[int], drafter: Drafter | Non
                        f"{len(prompt) - 1} first ones")
     if request is None:
         request = Request(id="mlx", session="mlx", tokens=list(prompt), num_prompt=len(prompt))
-    stop = set(stop_ids)
-    gen = Generation([], "length", speculated=speculate)
+    row = Row(request, max_tokens, frozenset(stop_ids), pending=prompt[-1],
+              temperature=temperature, seed=seed)
     if max_tokens <= 0:
-        return gen
-    pending = prompt[-1]
-    vocab = _vocab(model)
+        return _generation(row, speculate, 0.0)
+    target = OneRow(model, cache, plan, max_draft, speculate)
+    loop = Loop(target, drafter if speculate else None, rows=[row])
     t_start = perf_counter()
-    while True:
-        draft: list[int] = []
-        if speculate:
-            t0 = perf_counter_ns()
-            draft = list(drafter.propose([request])[0])
-            gen.drafter_ns += perf_counter_ns() - t0
-            draft = _clip(draft, min(max_draft, max_tokens - len(gen.tokens) - 1), vocab)
-        logits = _logits(model, [pending] + draft, cache)[0]
-        choices = choose(logits, temperature, seed, len(gen.tokens))
-        a = 0
-        while a < len(draft) and draft[a] == choices[a]:
-            a += 1
-        try:
-            rollback(cache, len(draft) - a, plan)
-        except _TrimFailed:
-            warnings.warn(f"speculation disabled mid-request, re-filling the cache: "
-                          f"{plan.reason}", stacklevel=2)
-            speculate = False
-            cache = prefill(model, request.tokens + draft[:a], plan=plan)
-        new, done = _emit(draft[:a] + [choices[a]], gen.tokens, stop, max_tokens)
-        gen.tokens.extend(new)
-        request.tokens.extend(new)
-        gen.steps.append((len(new), len(draft), a))
-        if speculate:
-            t0 = perf_counter_ns()
-            drafter.observe(request, len(draft), a)
-            gen.drafter_ns += perf_counter_ns() - t0
-        if done:
-            gen.finish = done
-            break
-        pending = choices[a]
-    gen.seconds = perf_counter() - t_start
-    return gen
+    while loop.rows:
+        loop.drafter = drafter if target.speculate else None
+        loop.step()
+    return _generation(row, speculate, perf_counter() - t_start)
 
 
 def plain_tokens(model: nn.Module, prompt_ids: Sequence[int], max_tokens: int,
@@ -487,7 +506,7 @@ def plain_tokens(model: nn.Module, prompt_ids: Sequence[int], max_tokens: int,
     from mlx_lm.generate import generate_step
 
     prompt = list(prompt_ids)
-    max_tokens = _check_context(len(prompt), max_tokens, _context_of(model))
+    max_tokens = check_context(len(prompt), max_tokens, _context_of(model))
     gen = Generation([], "length", speculated=False)
     if max_tokens <= 0:
         return gen
@@ -510,19 +529,113 @@ def plain_tokens(model: nn.Module, prompt_ids: Sequence[int], max_tokens: int,
 # ---------------------------------------------------------------- several requests
 
 
-@dataclass
-class _Row:
-    index: int
-    prompt: list[int]
-    request: Request
-    pending: int
-    gen: Generation
-    max_tokens: int
-
-
 def _merge_rows(caches: list[list]) -> list:
     """Per layer, one left-padded BatchKVCache holding each single-row cache."""
     return [BatchKVCache.merge([c[layer] for c in caches]) for layer in range(len(caches[0]))]
+
+
+class Rows:
+    """The speculation loop's target for a batch of rows on one left-padded BatchKVCache.
+
+    Each row feeds its pending token and its own draft; shorter rows are right-padded.
+    After verification every row keeps only its accepted tokens: the cache is trimmed by
+    the smallest rejection and each row's remaining rejected tail is rolled to the left
+    padding (`prepare(right_padding)` + `finalize()`), so rows never see each other's
+    rejected tokens. A joining row brings its prefilled single-row cache in `row.state`
+    (prefilled here when None).
+
+    Every row is padded to the longest draft, so one long draft makes every row pay for
+    it: with `lam` (lambda(b) of the cost profile) the drafts are cut to the common width
+    that gives the most expected tokens per unit of step time (`best_width`).
+    """
+
+    def __init__(self, model: nn.Module, plan: CachePlan, max_draft: int = 64,
+                 lam: Callable[[int], float] | None = None):
+        self.model, self.plan, self.max_draft, self.lam = model, plan, max_draft, lam
+        self.vocab = _vocab(model)
+        self.cache: list | None = None
+        self.width = 1
+        self.held, self.broke = 1, 1  # draft tokens accepted / drafts cut short by the target
+
+    def join(self, rows):
+        single = [r.state if r.state is not None else
+                  prefill(self.model, r.request.tokens[:-1], plan=self.plan) for r in rows]
+        for r in rows:
+            r.state = None
+        merged = _merge_rows(single)
+        if self.cache is None:
+            self.cache = merged
+        else:
+            for c, m in zip(self.cache, merged):
+                c.extend(m)
+
+    def clip(self, rows, drafts):
+        drafts = [_clip(d, min(self.max_draft, r.max_tokens - len(r.tokens) - 1), self.vocab)
+                  for r, d in zip(rows, drafts)]
+        if self.lam is None or len(rows) < 2:
+            return drafts
+        w = best_width([len(d) for d in drafts], self.held / (self.held + self.broke),
+                       self.lam(len(rows)))
+        return [d[:w] for d in drafts]
+
+    def verify(self, rows, drafts):
+        self.width = 1 + max(len(d) for d in drafts)
+        x = mx.array([[r.pending] + d + [0] * (self.width - 1 - len(d))
+                      for r, d in zip(rows, drafts)], dtype=mx.int32)
+        logits = self.model(x, cache=self.cache)
+        if all(r.temperature <= 0 for r in rows):
+            return mx.argmax(logits, axis=-1).tolist()
+        return [choose(logits[j], r.temperature, r.seed, len(r.tokens), r.top_p)
+                for j, r in enumerate(rows)]
+
+    def rollback(self, rows, drafts, accepted):
+        self.held += sum(accepted)
+        self.broke += sum(a < len(d) for d, a in zip(drafts, accepted))
+        reject = [self.width - 1 - a for a in accepted]  # fed width, keep pending + a drafts
+        common = min(reject)
+        rollback(self.cache, common, self.plan)
+        extra = [r - common for r in reject]
+        if any(extra):
+            for c in self.cache:
+                c.prepare(right_padding=extra)
+                c.finalize()
+
+    def extract(self, j: int) -> list:
+        """Row j's cache as a single-row KVCache list (for a prompt cache)."""
+        return [c.extract(j) for c in self.cache]
+
+    def leave(self, keep):
+        if not keep:
+            self.cache = None
+            return
+        idx = mx.array(list(keep), dtype=mx.int32)
+        for c in self.cache:
+            c.filter(idx)
+
+
+def best_width(lengths: Sequence[int], hold: float, lam: float) -> int:
+    """The common draft width w that maximizes expected tokens per step time.
+
+    A row drafting d tokens cut to w yields 1 + h + ... + h^min(d, w) tokens when each
+    draft token holds with probability h; a step verifying w drafts per row costs
+    1 + lam * w plain steps (lambda(b) of the cost profile).
+    """
+    h = min(max(hold, 0.0), 0.999)
+
+    def tokens(n: int) -> float:
+        return 1.0 + h * (1.0 - h ** n) / (1.0 - h)
+
+    best, best_rate = 0, -1.0
+    for w in sorted(set(lengths) | {0}):
+        rate = sum(tokens(min(d, w)) for d in lengths) / (1.0 + lam * w)
+        if rate > best_rate:
+            best, best_rate = w, rate
+    return best
+
+
+def batchable(model: nn.Module, plan: CachePlan, longest: int) -> bool:
+    """Whether rows of this model can share one BatchKVCache while speculating."""
+    return all(type(c) is KVCache for c in plan.make(model, 0)) and plan.speculates(longest)
 
 
 def generate_batch(model: nn.Module, prompts: Sequence[Sequence[int]],
@@ -534,12 +647,8 @@ def generate_batch(model: nn.Module, prompts: Sequence[Sequence[int]],
                    ) -> list[Generation]:
     """Generate for every prompt, up to `batch` rows per forward pass; rows join and leave.
 
-    Each row feeds its pending token and its own draft; shorter rows are right-padded.
-    After verification every row keeps only its accepted tokens: the cache is trimmed by
-    the smallest rejection and each row's remaining rejected tail is rolled to the left
-    padding (`prepare(right_padding)` + `finalize()`), so rows never see each other's
-    rejected tokens. `on_start` runs when a row joins (call drafter.start there),
-    `on_finish` when it ends. Sampling seeds are per row: `seed + index`.
+    `on_start` runs when a row joins (call drafter.start there), `on_finish` when it ends.
+    Sampling seeds are per row: `seed + index`.
     """
     plan = plan or plan_for(model)
     n = len(prompts)
@@ -547,11 +656,10 @@ def generate_batch(model: nn.Module, prompts: Sequence[Sequence[int]],
         Request(id=f"mlx#{i}", session=f"mlx#{i}", tokens=list(p), num_prompt=len(p))
         for i, p in enumerate(prompts)]
     context = _context_of(model)
-    limits = [_check_context(len(p), max_tokens, context) for p in prompts]
+    limits = [check_context(len(p), max_tokens, context) for p in prompts]
     results: list[Generation | None] = [None] * n
-    batchable = all(type(c) is KVCache for c in plan.make(model, 0))
-    if (batch == 1 or not batchable
-            or not plan.speculates(max(len(p) for p in prompts) + max_tokens + max_draft)):
+    if batch == 1 or not batchable(model, plan, max(len(p) for p in prompts) + max_tokens
+                                   + max_draft):
         # one row at a time: no batched cache for recurrent state or sliding windows
         for i, p in enumerate(prompts):
             if on_start:
@@ -561,93 +669,61 @@ def generate_batch(model: nn.Module, prompts: Sequence[Sequence[int]],
             if on_finish:
                 on_finish(requests[i], results[i])
         return results
-    stop = set(stop_ids)
-    vocab = _vocab(model)
-    waiting = list(range(n))
-    rows: list[_Row] = []
-    cache: list | None = None
     t_start = perf_counter()
-    while waiting or rows:
+    index = {}
+
+    def finished(row: Row) -> None:
+        gen = _generation(row, True, perf_counter() - t_start)
+        results[index[id(row)]] = gen
+        if on_finish:
+            on_finish(row.request, gen)
+
+    loop = Loop(Rows(model, plan, max_draft), drafter, on_finish=finished)
+    waiting = list(range(n))
+    while waiting or loop.rows:
         joining = []
-        while waiting and len(rows) + len(joining) < batch:
+        while waiting and len(loop.rows) + len(joining) < batch:
             i = waiting.pop(0)
             if on_start:
                 on_start(requests[i])
-            row = _Row(i, list(prompts[i]), requests[i], prompts[i][-1],
-                       Generation([], "length"), limits[i])
+            row = Row(requests[i], limits[i], frozenset(stop_ids), pending=prompts[i][-1],
+                      temperature=temperature, seed=seed + i)
+            index[id(row)] = i
             if row.max_tokens <= 0:
-                results[i] = row.gen
-                if on_finish:
-                    on_finish(row.request, row.gen)
+                finished(row)
                 continue
             joining.append(row)
-        if joining:
-            single = [prefill(model, r.prompt[:-1], plan=plan) for r in joining]
-            merged = _merge_rows(single)
-            if cache is None:
-                cache = merged
-            else:
-                for c, m in zip(cache, merged):
-                    c.extend(m)
-            rows.extend(joining)
-        if not rows:
-            break
-        drafts: list[list[int]] = [[] for _ in rows]
-        if drafter is not None:
-            t0 = perf_counter_ns()
-            proposed = drafter.propose([r.request for r in rows])
-            spent = (perf_counter_ns() - t0) // len(rows)
-            for j, (r, d) in enumerate(zip(rows, proposed)):
-                drafts[j] = _clip(d, min(max_draft, r.max_tokens - len(r.gen.tokens) - 1), vocab)
-                r.gen.drafter_ns += spent
-        width = 1 + max(len(d) for d in drafts)
-        x = mx.array([[r.pending] + d + [0] * (width - 1 - len(d)) for r, d in zip(rows, drafts)],
-                     dtype=mx.int32)
-        logits = model(x, cache=cache)
-        if temperature <= 0:
-            table = mx.argmax(logits, axis=-1).tolist()
-        else:
-            table = [choose(logits[j], temperature, seed + r.index, len(r.gen.tokens))
-                     for j, r in enumerate(rows)]
-        accepted = []
-        for d, choices in zip(drafts, table):
-            a = 0
-            while a < len(d) and d[a] == choices[a]:
-                a += 1
-            accepted.append(a)
-        reject = [width - 1 - a for a in accepted]  # fed width, keep pending + a drafts
-        common = min(reject)
-        rollback(cache, common, plan)
-        extra = [r - common for r in reject]
-        if any(extra):
-            for c in cache:
-                c.prepare(right_padding=extra)
-                c.finalize()
-        keep = []
-        for j, (r, d, choices, a) in enumerate(zip(rows, drafts, table, accepted)):
-            new, done = _emit(d[:a] + [choices[a]], r.gen.tokens, stop, r.max_tokens)
-            r.gen.tokens.extend(new)
-            r.request.tokens.extend(new)
-            r.gen.steps.append((len(new), len(d), a))
-            if drafter is not None:
-                t0 = perf_counter_ns()
-                drafter.observe(r.request, len(d), a)
-                r.gen.drafter_ns += perf_counter_ns() - t0
-            if done:
-                r.gen.finish = done
-                r.gen.seconds = perf_counter() - t_start
-                results[r.index] = r.gen
-                if on_finish:
-                    on_finish(r.request, r.gen)
-            else:
-                r.pending = choices[a]
-                keep.append(j)
-        if len(keep) < len(rows):
-            rows = [rows[j] for j in keep]
-            if rows:
-                idx = mx.array(keep, dtype=mx.int32)
-                for c in cache:
-                    c.filter(idx)
-            else:
-                cache = None
+        loop.join(joining)
+        if loop.rows:
+            loop.step()
     return results
+
+
+def generate_each(eng: Engine, drafters: dict[str, Drafter | None], prompt: list[int],
+                  make_request: Callable[[], Request], max_tokens: int
+                  ) -> tuple[float, dict[str, Generation]]:
+    """Generate one prompt with each drafter in turn (None: mlx-lm's plain generation), all
+    from one prefill that is trimmed back after each; returns (prefill seconds, generations).
+
+    Each drafter's request (from `make_request`) is started before and finished after.
+    """
+    limit = check_context(len(prompt), max_tokens, eng.context)
+    t0 = perf_counter()
+    cache = prefill(eng.model, prompt[:-1], plan=eng.plan, total_tokens=len(prompt) + limit + 64)
+    prefill_s = perf_counter() - t0
+    base = len(prompt) - 1
+    gens = {}
+    for name, drafter in drafters.items():
+        if drafter is None:
+            gen = plain_tokens(eng.model, prompt, limit, eng.stop_ids, cache=cache)
+        else:
+            req = make_request()
+            drafter.start(req)
+            gen = generate(eng.model, prompt, drafter, req, limit, eng.stop_ids, cache=cache,
+                           plan=eng.plan)
+            drafter.finish(req)
+        grown = cache_len(cache) - base
+        if grown > 0 and trim_prompt_cache(cache, grown) != grown:
+            cache = prefill(eng.model, prompt[:-1], plan=eng.plan)
+        gens[name] = gen
+    return prefill_s, gens

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from time import perf_counter
 from typing import Callable, Sequence
 
 from agentspec.backends import mlx as engine  # loads OpenBLAS before MLX
@@ -85,7 +84,7 @@ def run_mlx_bench(sessions: Sequence[TokenizedSession], methods: Sequence[str], 
                 prefill_s += generate_call(eng, order, prompt,
                                            lambda: s.request(index, prompt, "/generated"),
                                            max_tokens, tc.call.role, f"{s.id}#{index}",
-                                           progress=progress)[0]
+                                           progress=progress)
             for d in drafters:  # the recorded output joins the history, as in replay
                 _finish_recorded(d, s, index, prompt)
         for d in drafters:
@@ -112,37 +111,17 @@ def run_mlx_bench(sessions: Sequence[TokenizedSession], methods: Sequence[str], 
 
 def generate_call(eng: "engine.Engine", runs: Sequence[MethodRun], prompt: list[int],
                   make_request: Callable[[], Request], max_tokens: int, role: str, key: str, *,
-                  progress: Callable[[str, int], None] | None = None
-                  ) -> tuple[float, dict[str, "engine.Generation"]]:
-    """Generate one call with every method in `runs`, in that order, from one prefill.
-
-    Each run's meter, time and `outputs[key]` are updated; returns the prefill seconds
-    and each method's generation. Each drafter's request is finished with its generation.
-    """
-    limit = engine._check_context(len(prompt), max_tokens, eng.context)
-    t0 = perf_counter()
-    cache = engine.prefill(eng.model, prompt[:-1], plan=eng.plan,
-                           total_tokens=len(prompt) + limit + 64)
-    prefill_s = perf_counter() - t0
-    base = len(prompt) - 1
-    gens = {}
+                  progress: Callable[[str, int], None] | None = None) -> float:
+    """Generate one call with every method in `runs`, in that order, from one prefill
+    (engine.generate_each); each run's meter, time and `outputs[key]` are updated.
+    Returns the prefill seconds."""
+    prefill_s, gens = engine.generate_each(eng, {r.name: r.drafter for r in runs}, prompt,
+                                           make_request, max_tokens)
     for run in runs:
-        if run.drafter is None:
-            gen = engine.plain_tokens(eng.model, prompt, limit, eng.stop_ids, cache=cache)
-        else:
-            req = make_request()
-            run.drafter.start(req)
-            gen = engine.generate(eng.model, prompt, run.drafter, req, limit, eng.stop_ids,
-                                  cache=cache, plan=eng.plan)
-            run.drafter.finish(req)
-        grown = engine.cache_len(cache) - base
-        if grown > 0 and engine.trim_prompt_cache(cache, grown) != grown:
-            cache = engine.prefill(eng.model, prompt[:-1], plan=eng.plan)
-        run.add(key, role, gen)
-        gens[run.name] = gen
+        run.add(key, role, gens[run.name])
         if progress:
-            progress(run.name, len(gen.tokens))
-    return prefill_s, gens
+            progress(run.name, len(gens[run.name].tokens))
+    return prefill_s
 
 
 def run_cli(tokenized: Sequence[TokenizedSession], names: Sequence[str], setup: BenchSetup, *,

@@ -491,7 +491,9 @@ def chat_template(path: Path) -> str | None:
     return template
 
 
-def render_chat(path: Path, messages: Sequence[dict], add_generation_prompt: bool = True) -> str:
+def render_chat(path: Path, messages: Sequence[dict], add_generation_prompt: bool = True,
+                **extra) -> str:
+    """The chat as the model's template lays it out; `extra` (e.g. tools) goes to the template."""
     template = chat_template(path)
     if template is None:
         raise ModelError(f"{path} has no chat template")
@@ -501,6 +503,7 @@ def render_chat(path: Path, messages: Sequence[dict], add_generation_prompt: boo
         add_generation_prompt=add_generation_prompt,
         bos_token=_token_text(config.get("bos_token")),
         eos_token=_token_text(config.get("eos_token")),
+        **extra,
     )
 
 

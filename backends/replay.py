@@ -3,7 +3,8 @@
 The recorded output of each call is taken as the target's greedy output, so a
 verification step accepts the longest prefix of the draft that matches it, plus one
 token of the target's own. Up to `batch` sessions run in lockstep, so a drafter sees real
-batches; each session's calls run one after another, as the agent made them.
+batches; each session's calls run one after another, as the agent made them. The loop is
+agentspec.speculation's, with the recording as its target.
 """
 
 from __future__ import annotations
@@ -13,39 +14,65 @@ from dataclasses import dataclass
 from time import perf_counter_ns
 from typing import Callable, Sequence
 
-from agentspec.drafter import Drafter, Request
+from agentspec.drafter import Drafter
 from agentspec.metrics import Meter
+from agentspec.speculation import Loop, Row
 from agentspec.tokens import TokenizedSession
 
 
 @dataclass
 class _Cursor:
-    """A session being replayed: which call runs, and how far its output got."""
+    """A session being replayed: which call runs."""
 
     session: TokenizedSession
     call: int = -1
-    pos: int = 0
-    request: Request | None = None
 
     @property
     def target(self) -> list[int]:
         return self.session.calls[self.call].output
 
 
-def _next_call(drafter: Drafter, cur: _Cursor) -> bool:
-    """Start the session's next call with a non-empty output; False when none is left."""
+class Recording:
+    """A target whose choices are the recorded outputs (rows hold their _Cursor as state)."""
+
+    def join(self, rows):
+        pass
+
+    def clip(self, rows, drafts):
+        return drafts
+
+    def verify(self, rows, drafts):
+        out = []
+        for row, d in zip(rows, drafts):
+            pos = len(row.tokens)
+            out.append(row.state.target[pos:pos + len(d) + 1])
+        return out
+
+    def rollback(self, rows, drafts, accepted):
+        pass
+
+    def leave(self, keep):
+        pass
+
+
+def _next_call(drafter: Drafter, cur: _Cursor, row: Row | None = None) -> Row | None:
+    """Start the session's next call with a non-empty output, in `row` when given (re-armed
+    in place); None when none is left."""
     s = cur.session
     while cur.call + 1 < len(s.calls):
         cur.call += 1
         tc = s.calls[cur.call]
         tc.register(drafter, s.id)
-        cur.request = s.request(cur.call)
-        cur.pos = 0
-        drafter.start(cur.request)
-        if tc.output:
-            return True
-        drafter.finish(cur.request)
-    return False
+        request = s.request(cur.call)
+        drafter.start(request)
+        if not tc.output:
+            drafter.finish(request)
+            continue
+        if row is None:
+            return Row(request, max_tokens=len(tc.output), state=cur)
+        row.request, row.max_tokens, row.tokens, row.finish = request, len(tc.output), [], ""
+        return row
+    return None
 
 
 def replay(sessions: Sequence[TokenizedSession], drafter: Drafter, batch: int = 1,
@@ -56,50 +83,40 @@ def replay(sessions: Sequence[TokenizedSession], drafter: Drafter, batch: int = 
     """
     meter = Meter()
     waiting = deque(sessions)
-    active: list[_Cursor] = []
-    while waiting or active:
-        while waiting and len(active) < batch:
-            cur = _Cursor(waiting.popleft())
-            if _next_call(drafter, cur):
-                active.append(cur)
-            else:
-                drafter.drop_session(cur.session.id)
-        if not active:
-            break
-        requests = [cur.request for cur in active]
+    lifecycle_ns = [0]
+
+    def finished(row: Row) -> bool:
+        """The session's next call re-arms the row, keeping its slot in the batch."""
         t0 = perf_counter_ns()
-        drafts = drafter.propose(requests)
-        spent = perf_counter_ns() - t0
-        emitted_step = 0
-        drafted_step = 0
-        still = []
-        for cur, draft in zip(active, drafts):
-            target, pos = cur.target, cur.pos
-            n = 0
-            limit = min(len(draft), len(target) - pos)
-            while n < limit and draft[n] == target[pos + n]:
-                n += 1
-            emit = min(n + 1, len(target) - pos)
-            cur.request.tokens.extend(target[pos:pos + emit])
-            cur.pos += emit
-            meter.row(cur.request.role, emit, len(draft), n)
-            emitted_step += emit
-            drafted_step += len(draft)
-            t0 = perf_counter_ns()
-            drafter.observe(cur.request, len(draft), n)
-            if cur.pos == len(target):
-                drafter.finish(cur.request)
-                more = _next_call(drafter, cur)
-            else:
-                more = True
-            spent += perf_counter_ns() - t0
-            if more:
-                still.append(cur)
+        drafter.finish(row.request)
+        more = _next_call(drafter, row.state, row) is not None
+        if not more:
+            drafter.drop_session(row.state.session.id)
+        lifecycle_ns[0] += perf_counter_ns() - t0
+        return more
+
+    loop = Loop(Recording(), drafter, on_finish=finished)
+    while waiting or loop.rows:
+        joining = []
+        while waiting and len(loop.rows) + len(joining) < batch:
+            cur = _Cursor(waiting.popleft())
+            row = _next_call(drafter, cur)
+            if row is not None:
+                joining.append(row)
             else:
                 drafter.drop_session(cur.session.id)
-        meter.step(len(active), drafted_step)
-        meter.drafter_ns += spent
-        active = still
+        loop.join(joining)
+        if not loop.rows:
+            break
+        rows = list(loop.rows)
+        roles = [r.request.role for r in rows]
+        before = [r.drafter_ns for r in rows]
+        lifecycle_ns[0] = 0
+        loop.step()
+        for role, r in zip(roles, rows):
+            meter.row(role, *r.steps[-1])
+        meter.step(len(rows), sum(r.steps[-1][1] for r in rows))
+        meter.drafter_ns += sum(r.drafter_ns - b for r, b in zip(rows, before)) + lifecycle_ns[0]
         if on_tokens:
-            on_tokens(emitted_step)
+            on_tokens(sum(r.steps[-1][0] for r in rows))
     return meter

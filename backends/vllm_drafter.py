@@ -46,10 +46,11 @@ import os
 import time
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any, Sequence
 
 from agentspec.drafter import FILE, PROMPT, Request
-from agentspec.structure import StructureError, parse_structure, token_bytes
+from agentspec.sessions import PREFIX, common_prefix as _common_prefix
+from agentspec.sessions import request_files, request_meta
+from agentspec.structure import token_bytes
 
 # agentspec.policy is imported only when a proposer is built: it loads numba, and vLLM's CPU
 # worker fails to register its kernels when llvmlite is already loaded at plugin-load time
@@ -57,52 +58,10 @@ from agentspec.structure import StructureError, parse_structure, token_bytes
 
 log = logging.getLogger("agentspec.vllm")
 
-PREFIX = "agentspec_"
-TEXT_KEYS = ("session", "agent", "query", "role")
 STATS_ENV = "AGENTSPEC_VLLM_STATS"
 METHOD_ENV = "AGENTSPEC_VLLM_METHOD"
 SETUP_ENV = "AGENTSPEC_VLLM_SETUP"
 MAX_SESSIONS_ENV = "AGENTSPEC_MAX_SESSIONS"
-
-
-def request_meta(req_id: str, extra_args: dict | None) -> tuple[dict, list[str]]:
-    """Request fields from `extra_args`: (fields, warnings). Bad values are left out."""
-    args = extra_args or {}
-    fields: dict[str, Any] = {"session": f"request:{req_id}", "role": "agent", "agent": "",
-                              "query": req_id, "structure": ()}
-    problems = []
-    for key in TEXT_KEYS:
-        value = args.get(PREFIX + key)
-        if value is None:
-            continue
-        if isinstance(value, (str, int)) and not isinstance(value, bool) and str(value):
-            fields[key] = str(value)
-        else:
-            problems.append(f"{PREFIX}{key}={value!r} ignored: not a non-empty string")
-    value = args.get(PREFIX + "structure")
-    if value is not None:
-        try:
-            if not isinstance(value, str):
-                raise StructureError("not a JSON string")
-            fields["structure"] = parse_structure(value)
-        except StructureError as e:
-            problems.append(f"{PREFIX}structure ignored: {e}")
-    return fields, [f"request {req_id}: {p}" for p in problems]
-
-
-def request_files(req_id: str, extra_args: dict | None) -> tuple[dict[str, str], list[str]]:
-    """`agentspec_files` of `extra_args` as {path: text}: (files, warnings)."""
-    value = (extra_args or {}).get(PREFIX + "files")
-    if value is None:
-        return {}, []
-    try:
-        files = json.loads(value) if isinstance(value, str) else None
-        if not (isinstance(files, dict)
-                and all(isinstance(t, str) for t in files.values())):
-            raise ValueError("not a JSON object of path: text")
-    except ValueError as e:
-        return {}, [f"request {req_id}: {PREFIX}files ignored: {e}"]
-    return files, []
 
 
 def load_setup(path: str | None, tok):
@@ -130,14 +89,6 @@ def _tokenizer(path: str | None):
     from tokenizers import Tokenizer
 
     return Tokenizer.from_file(str(Path(path) / "tokenizer.json"))
-
-
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 class AgentspecProposer:

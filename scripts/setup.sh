@@ -15,9 +15,9 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 
 case "$(uname -s)" in
-  Linux) extras="dev,bench,mlx" ;;
-  Darwin) extras="dev,bench,mlx" ;;
-  *) extras="dev,bench" ;;
+  Linux) extras="dev,bench,mlx,serve" ;;
+  Darwin) extras="dev,bench,mlx,serve" ;;
+  *) extras="dev,bench,serve" ;;
 esac
 
 # torch is only needed to build arctic-inference (its setup.py imports it); 2.13.0 is the

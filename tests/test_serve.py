@@ -1,0 +1,272 @@
+"""`agentspec serve`: real server subprocesses on loopback ports, driven by the openai client.
+
+A `full` server and a `plain` server run the tiny random llama of conftest; every answer of
+`full` (alone, streamed, or 4 clients at once) must equal `plain`'s sequential answer.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+MODEL = "m"  # the name the tests serve the tiny model under (--model is a folder)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, folder: Path, method: str, home: Path, *extra: str):
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.log = home / f"serve-{method}-{self.port}.log"
+        cmd = [str(Path(sys.executable).parent / "agentspec"), "serve", "--model", str(folder),
+               "--method", method, "--port", str(self.port), "--max-batch", "4", *extra]
+        env = dict(os.environ, AGENTSPEC_HOME=str(home))
+        self.proc = subprocess.Popen(cmd, stdout=self.log.open("w"), stderr=subprocess.STDOUT,
+                                     env=env)
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, self.log.read_text()
+            try:
+                if httpx.get(self.base + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.3)
+        else:
+            self.stop()
+            raise AssertionError(f"server did not start: {self.log.read_text()}")
+        self.client = openai.OpenAI(base_url=self.base + "/v1", api_key="-", max_retries=0,
+                                    timeout=120)
+
+    def metrics(self) -> dict[str, float]:
+        text = httpx.get(self.base + "/metrics", timeout=10).text
+        return {line.split()[0]: float(line.split()[1]) for line in text.splitlines()
+                if line and not line.startswith("#")}
+
+    def chat(self, messages, **kw) -> str:
+        r = self.client.chat.completions.create(model=MODEL, messages=messages, **kw)
+        return r.choices[0].message.content
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=20)
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("serve-home")
+
+
+@pytest.fixture(scope="module")
+def servers(model_folder, home):
+    served = {}
+    try:
+        # the model folder's name is what clients call it
+        link = home / MODEL
+        if not link.exists():
+            link.symlink_to(model_folder, target_is_directory=True)
+        for method in ("full", "plain"):
+            served[method] = Server(link, method, home)
+        yield served
+    finally:
+        for s in served.values():
+            s.stop()
+
+
+def chat_of(i: int, turns: int = 1) -> list[dict]:
+    msgs = [{"role": "system", "content": "You fix bugs."},
+            {"role": "user", "content": f"Fix src/calc.py, case {i}:\ndef add(a, b):\n"
+                                        "    return a - b\n"}]
+    for t in range(1, turns):
+        msgs += [{"role": "assistant", "content": "--- a/src/calc.py\n+++ b/src/calc.py\n"},
+                 {"role": "user", "content": f"The test failed ({t}): assert add(1, 2) == 3"}]
+    return msgs
+
+
+GREEDY = {"temperature": 0, "max_tokens": 24}
+
+
+def test_models_health_and_a_first_cost_profile(servers, home):
+    full = servers["full"]
+    assert MODEL in [m.id for m in full.client.models.list().data]
+    assert "measuring one" in full.log.read_text()  # first use measured this machine's profile
+    assert list((home / "profiles").glob("*.json"))
+
+
+def test_whole_and_streamed_answers_equal_plain(servers):
+    full, plain = servers["full"], servers["plain"]
+    for i in range(2):
+        want = plain.chat(chat_of(i), **GREEDY)
+        assert full.chat(chat_of(i), **GREEDY) == want
+        stream = full.client.chat.completions.create(
+            model=MODEL, messages=chat_of(i), stream=True,
+            stream_options={"include_usage": True}, **GREEDY)
+        pieces, usage, finish = [], None, None
+        for chunk in stream:
+            if chunk.usage:
+                usage = chunk.usage
+            for c in chunk.choices:
+                pieces.append(c.delta.content or "")
+                finish = c.finish_reason or finish
+        assert "".join(pieces) == want
+        assert finish in ("stop", "length") and usage.completion_tokens <= 24
+        assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+
+
+def test_four_concurrent_clients_equal_plain_sequential(servers):
+    full, plain = servers["full"], servers["plain"]
+    convs = [chat_of(10 + i, turns=1 + i % 3) for i in range(4)]
+    want = [plain.chat(c, **GREEDY) for c in convs]
+    got = [None] * 4
+    before = full.metrics()
+
+    def ask(i):
+        got[i] = full.chat(convs[i], **GREEDY)
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert got == want
+    after = full.metrics()
+    batched = sum(v for k, v in after.items() if k.startswith("agentspec_batch_size_steps_total")
+                  and 'size="1"' not in k) - sum(
+        v for k, v in before.items() if k.startswith("agentspec_batch_size_steps_total")
+        and 'size="1"' not in k)
+    assert batched > 0  # some steps verified several rows at once
+
+
+def test_seeded_sampling_equals_plain(servers):
+    full, plain = servers["full"], servers["plain"]
+    kw = {"temperature": 0.9, "top_p": 0.9, "seed": 7, "max_tokens": 20}
+    assert full.chat(chat_of(3), **kw) == plain.chat(chat_of(3), **kw)
+
+
+def test_completions_and_stop_strings(servers):
+    full, plain = servers["full"], servers["plain"]
+    prompt = "def add(a, b):\n    return a"
+    a = full.client.completions.create(model=MODEL, prompt=prompt, **GREEDY)
+    b = plain.client.completions.create(model=MODEL, prompt=prompt, **GREEDY)
+    assert a.choices[0].text == b.choices[0].text
+    text = b.choices[0].text
+    if len(text) > 4:
+        stop = text[2:4]
+        cut = full.client.completions.create(model=MODEL, prompt=prompt, stop=[stop], **GREEDY)
+        assert cut.choices[0].text == text[:text.find(stop)]
+        assert cut.choices[0].finish_reason == "stop"
+
+
+def test_prompt_cache_reuse(servers):
+    full = servers["full"]
+    before = full.metrics()
+    first = full.chat(chat_of(20, turns=2), **GREEDY)
+    longer = chat_of(20, turns=2) + [{"role": "assistant", "content": first},
+                                     {"role": "user", "content": "Again, please."}]
+    full.chat(longer, **GREEDY)
+    after = full.metrics()
+    assert after["agentspec_prompt_cache_hits_total"] > before["agentspec_prompt_cache_hits_total"]
+    assert after["agentspec_prompt_cache_hit_tokens_total"] - \
+        before["agentspec_prompt_cache_hit_tokens_total"] > 40
+    assert after["agentspec_time_to_first_token_seconds_count"] > 0
+
+
+BAD = [
+    ({"messages": [{"role": "user", "content": "hi"}], "temperature": 5}, 400, "temperature"),
+    ({"messages": [{"role": "user", "content": "hi"}], "n": 2}, 400, "'n' > 1"),
+    ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}, 400, "max_tokens"),
+    ({"messages": [{"role": "user", "content": "hi"}], "stop": 3}, 400, "stop"),
+    ({"messages": [{"role": "user", "content": "hi"}], "top_p": 0}, 400, "top_p"),
+    ({"messages": [{"role": "user", "content": "hi"}], "seed": "x"}, 400, "seed"),
+    ({"messages": [{"role": "user", "content": "hi"}],
+      "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]},
+     400, "does not support tools"),
+    ({"messages": []}, 400, "messages"),
+    ({"messages": [{"role": "user", "content": "hi"}], "model": "nope"}, 404, "not served"),
+    ({"messages": [{"role": "user", "content": "word " * 9000}]}, 400, "context is 8192"),
+]
+
+
+@pytest.mark.parametrize("body,status,says", BAD)
+def test_bad_input_is_one_openai_error_and_the_server_keeps_serving(servers, body, status,
+                                                                    says):
+    full = servers["full"]
+    r = httpx.post(full.base + "/v1/chat/completions", json={"model": MODEL, **body},
+                   timeout=30)
+    assert r.status_code == status
+    error = r.json()["error"]
+    assert says in error["message"] and "Traceback" not in r.text
+    assert set(error) >= {"message", "type", "param", "code"}
+    assert full.chat(chat_of(0), **GREEDY)
+
+
+def test_malformed_json_and_the_openai_client_errors(servers):
+    full = servers["full"]
+    r = httpx.post(full.base + "/v1/chat/completions", content=b"{not json", timeout=30)
+    assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"]
+    with pytest.raises(openai.NotFoundError):
+        full.client.chat.completions.create(model="nope", messages=chat_of(0))
+    with pytest.raises(openai.BadRequestError, match="context"):
+        full.client.completions.create(model=MODEL, prompt="word " * 9000)
+
+
+def test_a_client_that_drops_mid_stream_does_not_stop_the_server(servers):
+    full = servers["full"]
+    body = {"model": MODEL, "messages": chat_of(30), "stream": True, "temperature": 0,
+            "max_tokens": 400}
+    with httpx.stream("POST", full.base + "/v1/chat/completions", json=body, timeout=30) as r:
+        lines = r.iter_lines()
+        got = [next(lines) for _ in range(3)]
+    assert got[0].startswith("data: ")
+    assert full.chat(chat_of(1), **GREEDY) == servers["plain"].chat(chat_of(1), **GREEDY)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:  # the dropped row leaves the batch
+        if json.loads(httpx.get(full.base + "/health", timeout=5).text)["status"] == "ok":
+            break
+    assert full.proc.poll() is None
+
+
+def test_metrics_count_drafts(servers):
+    m = servers["full"].metrics()
+    assert m["agentspec_requests_total"] >= 10
+    assert m["agentspec_generated_tokens_total"] > 0 and m["agentspec_steps_total"] > 0
+    assert "agentspec_accepted_tokens_total" in m and m["agentspec_draft_tokens_total"] >= 0
+
+
+class Chars:
+    """A tokenizer whose ids are characters; 0 is half of a two-byte character."""
+
+    def decode(self, ids):
+        text = "".join(chr(i) if i else "\ufffd" for i in ids)
+        return text.replace("\ufffd" + chr(1), "é")
+
+
+def test_text_stream_holds_back_partial_characters_and_stop_strings():
+    from agentspec.backends.openai_server import TextStream
+
+    t = TextStream(Chars(), ["END"])
+    assert t.add([ord("a"), 0]) == "a"  # the half character waits
+    assert t.add([1, ord("E")]) == "é"  # "E" may start the stop string
+    assert t.add([ord("x")]) == "Ex" and not t.stopped
+    assert t.add([ord("E"), ord("N"), ord("D"), ord("z")]) == "" and t.stopped
+    assert t.text == "aéEx"
+    t = TextStream(Chars(), [])
+    assert t.add([ord("E")]) == "E" and t.rest() == ""
