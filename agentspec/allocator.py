@@ -21,6 +21,8 @@ from typing import Sequence, Union
 
 import numpy as np
 
+from agentspec.speculation import accepted_prefix
+
 # numba kernels for CostAware's hot paths (agentspec/_accept_nb.py) when numba imports, as
 # agentspec.match decides; AGENTSPEC_NO_NUMBA=1 keeps the numpy code, their reference
 _nb = None
@@ -305,8 +307,4 @@ def best_length(p: np.ndarray, costs: np.ndarray, rate: float) -> tuple[int, flo
 
 def scored(draft: Sequence[int], revealed: Sequence[int]) -> tuple[int, int]:
     """(known, matched) of a draft against the tokens the target wrote at its positions."""
-    known = min(len(draft), len(revealed))
-    matched = 0
-    while matched < known and draft[matched] == revealed[matched]:
-        matched += 1
-    return known, matched
+    return min(len(draft), len(revealed)), accepted_prefix(draft, revealed)

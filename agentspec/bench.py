@@ -127,7 +127,7 @@ def run_replay_bench(sessions: list[TokenizedSession], methods: list[str], *, ba
                      setup: BenchSetup | None = None,
                      progress: Callable[[str, int], None] | None = None) -> BenchResult:
     """Replay `sessions` with each method; `progress(method, tokens)` reports advance."""
-    from agentspec.backends.replay import replay
+    from agentspec.replay import replay
 
     setup = setup or BenchSetup()
     meters: dict[str, Meter] = {}

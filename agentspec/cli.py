@@ -25,7 +25,7 @@ out = Console(width=None if sys.stdout.isatty() else 200)
 
 
 def _user_errors() -> tuple[type[Exception], ...]:
-    from agentspec.backends.models import ModelError
+    from agentspec.models import ModelError
     from agentspec.bench import BenchError
     from agentspec.controller import KmaxError
     from agentspec.costs import CostProfileError
@@ -142,7 +142,7 @@ def _load_bench(backend: str, traces: list[Path], *, sessions, seed, methods, ba
                 cost_profile, lam, kmax, structure, profile_sessions, split,
                 dtype) -> BenchRun:
     """Parse the options, read and split the traces, tokenize, profile Kmax: a BenchRun."""
-    from agentspec.backends.models import resolve
+    from agentspec.models import resolve
     from agentspec.bench import (BenchError, BenchSetup, parse_batches, parse_methods,
                                  pick_sessions, split_by_task)
     from agentspec.controller import load_kmax
@@ -376,7 +376,7 @@ def profile_kmax_cmd(
 
     [b]Example[/b]: agentspec profile-kmax --traces ../shared/traces/acr-run-1.jsonl.gz --lambda 0.2 --out kmax.json
     """
-    from agentspec.backends.models import resolve
+    from agentspec.models import resolve
     from agentspec.bench import BenchError, pick_sessions, split_by_task
     from agentspec.kmax import profile_kmax
     from agentspec.policy import ladder
@@ -447,7 +447,7 @@ def models_pull(
 
     [b]Example[/b]: agentspec models pull smollm2-135m
     """
-    from agentspec.backends.models import pull
+    from agentspec.models import pull
 
     try:
         with console.status(f"pulling {name}") as status:
@@ -463,7 +463,7 @@ def models_list() -> None:
 
     [b]Example[/b]: agentspec models list
     """
-    from agentspec.backends.models import list_cached
+    from agentspec.models import list_cached
 
     t = Table(title="cached models")
     t.add_column("name")

@@ -180,7 +180,7 @@ def machine(engine: str) -> str:
 
 def model_key(model: str | None) -> str:
     """A file-name-safe key for what the user typed as --model."""
-    from agentspec.backends.models import DEFAULT_MODEL, EMBEDDED
+    from agentspec.models import DEFAULT_MODEL, EMBEDDED
 
     model = model or DEFAULT_MODEL
     if model in EMBEDDED:
@@ -194,7 +194,7 @@ def model_key(model: str | None) -> str:
 
 def profile_path(backend: str, model: str | None, dtype: str, machine: str) -> Path:
     """Where profiles are kept per backend, model, dtype and machine description."""
-    from agentspec.backends.models import home
+    from agentspec.models import home
 
     digest = hashlib.sha1(machine.encode()).hexdigest()[:10]
     return home() / "profiles" / f"{backend}-{model_key(model)}-{dtype}-{digest}.json"

@@ -27,7 +27,7 @@ class _Recorder(Policy):
 
 def profile_kmax(sessions: Sequence[TokenizedSession], lam: float, config: PolicyConfig,
                  max_k: int = 64, source: dict | None = None, **policy_kwargs) -> KmaxTable:
-    from agentspec.backends.replay import replay
+    from agentspec.replay import replay
 
     rec = _Recorder(replace(config, length="fixed", fixed_k=max_k, max_k=max_k),
                     **policy_kwargs)

@@ -36,6 +36,7 @@ from agentspec.costs import linear_costs
 from agentspec.drafter import FILE, OUTPUT, Request
 from agentspec.frequency import FREQUENCY_CLASSES, FrequencyTree, FrequencyUnavailable
 from agentspec.match import Corpus, Match
+from agentspec.speculation import accepted_prefix
 from agentspec.structure import BlockTracker, StructureError, parse_structure
 
 NO_MATCH = Match(length=0, tokens=[], candidates=0, agree=0, agreed=0, position=-1)
@@ -134,7 +135,7 @@ def mark_agreement(a: Candidate, b: Candidate) -> None:
     """Mark each candidate's tokens by what the other drafts at their position: the same
     path (agreed), another token where the two part (split), or nothing (alone). Two kinds
     of evidence agreeing are likelier right than either alone."""
-    common = scored(a.tokens, b.tokens)[1]
+    common = accepted_prefix(a.tokens, b.tokens)
     for c in (a, b):
         c.rows[:common] += AGREED * TOKEN_CLASSES
         if common < min(len(a.tokens), len(b.tokens)):

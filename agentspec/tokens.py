@@ -49,7 +49,7 @@ class ChatTokenizer:
 
     @classmethod
     def from_model(cls, path: Path, name: str = "") -> "ChatTokenizer":
-        from agentspec.backends.models import chat_template, load_tokenizer
+        from agentspec.models import chat_template, load_tokenizer
 
         return cls(load_tokenizer(path), chat_format(chat_template(path)), name or path.name)
 

@@ -149,7 +149,7 @@ class Engine:
 
 def load(model: str | None = None, dtype: str = "float32") -> Engine:
     """Load an embedded model name, a local folder or a (locally cached) hub id."""
-    from agentspec.backends.models import EMBEDDED, ModelError, resolve
+    from agentspec.models import EMBEDDED, ModelError, resolve
 
     if dtype not in DTYPES:
         raise MLXError(f"--dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")

@@ -22,7 +22,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Route
 
 from agentspec.backends.mlx_serve import Job, ServeEngine
-from agentspec.backends.models import ModelError, chat_template, render_chat
+from agentspec.models import ModelError, chat_template, render_chat
 from agentspec.drafter import Request
 from agentspec.sessions import PREFIX, infer_session, request_files, request_meta
 from agentspec.tokens import ChatTokenizer

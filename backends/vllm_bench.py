@@ -252,7 +252,7 @@ def run_cli(tokenized: Sequence[TokenizedSession], names: Sequence[str], setup: 
     from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
                                TimeElapsedColumn)
 
-    from agentspec.backends.models import resolve
+    from agentspec.models import resolve
 
     path = resolve(model)
     n_calls = sum(1 for s in tokenized for c in s.calls if c.output) * len(batches)

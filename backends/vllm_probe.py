@@ -58,7 +58,7 @@ def set_draft_length(worker, k: int) -> None:
 def run_cli(model: str | None, dtype: str | None, batches: str, max_k: int, context: int,
             repeats: int, out: Path | None, plot_out: Path | None, console, stdout) -> None:
     """The whole `profile-lambda --backend vllm` command; raises VLLMError, BenchError."""
-    from agentspec.backends.models import resolve
+    from agentspec.models import resolve
     from agentspec.bench import parse_batches  # not at the top: it loads numba (vllm_bench)
 
     sizes = parse_batches(batches)

@@ -35,7 +35,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from agentspec.backends.models import resolve  # noqa: E402
+from agentspec.models import resolve  # noqa: E402
 from agentspec.bench import pick_sessions, split_by_task  # noqa: E402
 from agentspec.frequency import FrequencyTree  # noqa: E402
 from agentspec.policy import emission_forms  # noqa: E402

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import openai
 
-from agentspec.backends.models import resolve
+from agentspec.models import resolve
 from agentspec.bench import pick_sessions, split_by_task
 from agentspec.tokens import ChatTokenizer, tokenize_sessions
 from agentspec.trace import read_sessions

@@ -50,7 +50,7 @@ def pytest_runtest_logstart(nodeid, location):
     tier = _RUN["tiers"].get(nodeid)
     if _RUN["reporter"] is not None and tier and tier != _RUN["now"]:
         _RUN["now"] = tier
-        _RUN["reporter"].ensure_newline()
+        _RUN["reporter"].write_line("")
         _RUN["reporter"].write_line(f"[tests] {TIERS[tier]}")
 
 

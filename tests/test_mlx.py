@@ -299,7 +299,7 @@ def test_a_folder_that_does_not_load_is_one_clear_error(tmp_path):
 
 @pytest.mark.slow
 def test_smollm2_speculative_equals_plain():
-    from agentspec.backends.models import resolve
+    from agentspec.models import resolve
 
     eng = E.load(None, "float32")
     assert eng.plan.mode == "trim" and eng.stop_ids

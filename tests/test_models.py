@@ -17,8 +17,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agentspec.backends import models
-from agentspec.backends.models import ModelError
+from agentspec import models
+from agentspec.models import ModelError
 
 slow = pytest.mark.slow
 

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from agentspec.backends.replay import replay
+from agentspec.replay import replay
 from agentspec.bench import BenchSetup, run_replay_bench
 from agentspec.drafter import FILE, PROMPT, TOOL, Plain
 from agentspec.tokens import CHATML, PLAIN, ChatTokenizer, chat_format, tokenize_sessions

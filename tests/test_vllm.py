@@ -37,7 +37,7 @@ PROMPTS = [
 
 
 def _model() -> str:
-    from agentspec.backends.models import DEFAULT_MODEL, models_dir
+    from agentspec.models import DEFAULT_MODEL, models_dir
 
     return os.environ.get("AGENTSPEC_VLLM_MODEL") or str(models_dir() / DEFAULT_MODEL)
 
@@ -366,7 +366,7 @@ def _vllm_ready() -> None:
     assert Path(VLLM_PYTHON).exists(), (f"no vLLM environment at {VLLM_PYTHON}: run "
                                         f"scripts/setup.sh (or set AGENTSPEC_VLLM_PYTHON)")
     if not os.environ.get("AGENTSPEC_VLLM_MODEL"):
-        from agentspec.backends.models import resolve
+        from agentspec.models import resolve
 
         resolve(None)  # pulls the embedded model on first use
 
