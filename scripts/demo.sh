@@ -7,7 +7,8 @@
 # 3) and TRACES can be set from the environment.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+# the demo needs no vLLM: its venv is made by the first `bash scripts/test.sh`
+AGENTSPEC_SKIP_VLLM=${AGENTSPEC_SKIP_VLLM:-1} bash scripts/setup.sh
 TRACES=${TRACES:-../shared/traces/acr-run-1.jsonl.gz}
 mkdir -p out
 .venv/bin/agentspec models pull smollm2-135m
