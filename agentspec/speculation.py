@@ -38,7 +38,7 @@ def take(new: Sequence[int], done: int, stop: frozenset | set, max_tokens: int
     return taken, ""
 
 
-@dataclass
+@dataclass(eq=False)  # rows are compared by identity
 class Row:
     """One request being generated: its output so far and how each step went."""
 
