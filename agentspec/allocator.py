@@ -218,17 +218,6 @@ class CostAware:
                                        *self._pooled(role))
         return args[1:]
 
-    def hazard(self, role: str, source: str) -> np.ndarray:
-        """h per copy-length bin of one kind (alone, class 0): its own counts, shrunk toward
-        the role's pooled hazard, so a kind seen rarely borrows what this model does on all
-        the others."""
-        start = self.kind(source) * _WIDTH + _PAD
-        t, h = self._tables(role)
-        pt, ph = (a[_PAD:-_PAD] for a in self._pooled(role))
-        w = self.source_weight
-        cells = slice(start, start + COPY_BINS)
-        return (h[cells] + w * ph / pt) / (t[cells] + w)
-
     def accept_probs(self, role: str, m: int, source: Kinds = "",
                      n: int | None = None) -> np.ndarray:
         """P(draft token k is accepted), k = 1..n (default max_k, or every row given), after
