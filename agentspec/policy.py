@@ -82,8 +82,10 @@ class PolicyConfig:
             bad("length", f"is not one of {', '.join(LENGTHS)}")
         if self.choose not in CHOOSERS:
             bad("choose", f"is not one of {', '.join(CHOOSERS)}")
-        if (self.frequency or self.agreement or self.score_all) and self.length != "cost":
-            bad("length", "must be 'cost' for the frequency candidate and its scoring")
+        if (self.frequency or self.agreement or self.score_all or self.choose == "expected") \
+                and self.length != "cost":  # these read and train the cost-aware model
+            bad("length", "must be 'cost' for the expected chooser, the frequency candidate "
+                "and their scoring")
         for field_ in ("fixed_k", "max_k", "s_max_tokens", "g_max_tokens"):
             if getattr(self, field_) < 1:
                 bad(field_, "must be at least 1")
@@ -395,17 +397,14 @@ class Policy:
         cfg = self.config
         if cfg.length == "alpha":
             self.controller.update(request.role, drafted, accepted)
-        if cfg.length == "cost" or cfg.choose == "expected":
-            # every candidate is scored against what the target wrote, drafted or not
+        if cfg.length == "cost":
+            # candidates are scored against what the target wrote: all of them, drafted or
+            # not (score_all), or the draft sent, up to the target's token after it
             revealed = request.tokens[run.fed:]
-            if cfg.score_all:
-                scores = run.candidates
-            else:  # the draft sent, up to the target's token after it
-                scores = [replace(run.sent, tokens=run.sent.tokens[:drafted + 1])] \
-                    if run.sent and drafted else []
+            scores = run.candidates if cfg.score_all else \
+                [replace(run.sent, tokens=run.sent.tokens[:drafted + 1])] if run.sent else []
             for c in scores:
                 self.acceptance.observe(request.role, c.m, *scored(c.tokens, revealed), c.rows)
-        if cfg.length == "cost":
             self.acceptance.charge(run.cost, accepted)
 
     def finish(self, request: Request) -> None:
