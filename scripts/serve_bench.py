@@ -25,8 +25,8 @@ from pathlib import Path
 
 import openai
 
-from agentspec.models import resolve
 from agentspec.bench import pick_sessions, split_by_task
+from agentspec.models import resolve
 from agentspec.tokens import ChatTokenizer, tokenize_sessions
 from agentspec.trace import read_sessions
 
