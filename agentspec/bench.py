@@ -20,6 +20,8 @@ from agentspec.metrics import DEFAULT_LAMBDAS, Meter
 from agentspec.policy import Policy, ladder
 from agentspec.tokens import ChatTokenizer, TokenizedSession
 
+DEFAULT_LAMBDA = 0.2  # what methods plan with when neither --lambda nor a cost profile says
+
 BENCH_FORMAT = "agentspec.bench/1"
 
 
@@ -31,15 +33,22 @@ class BenchSetup:
     """What the drafting methods may know beyond the replayed sessions themselves."""
 
     tokenizer: ChatTokenizer | None = None
-    lam: float = 0.2
+    lam: float | None = None  # None: the cost profile's lambda(b) at each batch size, else 0.2
     kmax: KmaxTable | None = None
     global_seed: list[list[int]] = field(default_factory=list)
     profile: CostProfile | None = None
     token_bytes: list[bytes] | None = None
 
+    def lam_at(self, b: int) -> float:
+        """The lambda methods plan with at batch size b."""
+        if self.lam is not None:
+            return self.lam
+        return self.profile.lam(b) if self.profile else DEFAULT_LAMBDA
+
     def draft_costs(self, b: int, max_k: int):
         """What n draft tokens per row cost at batch size b (see CostProfile.draft_costs)."""
-        return self.profile.draft_costs(b, max_k) if self.profile else linear_costs(self.lam, max_k)
+        return self.profile.draft_costs(b, max_k) if self.profile else linear_costs(
+            self.lam_at(b), max_k)
 
 
 def method_names() -> list[str]:
@@ -59,9 +68,9 @@ def make_drafter(name: str, setup: BenchSetup) -> Drafter:
         seed = setup.global_seed if name == "suffix" else ()
         return SuffixDrafter(global_seed=seed, name=name)
     tok = setup.tokenizer
-    return Policy(ladder(setup.lam)[name], encode=tok.encode if tok else None,
+    return Policy(ladder(setup.lam_at(1))[name], encode=tok.encode if tok else None,
                   decode=tok.decode if tok else None, token_bytes=setup.token_bytes,
-                  kmax=setup.kmax, draft_costs=setup.draft_costs,
+                  kmax=setup.kmax, draft_costs=setup.draft_costs, lam_at=setup.lam_at,
                   global_seed=setup.global_seed)
 
 

@@ -25,6 +25,7 @@ out = Console(width=None if sys.stdout.isatty() else 200)
 
 
 def _user_errors() -> tuple[type[Exception], ...]:
+    from agentspec.backends.vllm_bench import VLLMError
     from agentspec.models import ModelError
     from agentspec.bench import BenchError
     from agentspec.controller import KmaxError
@@ -33,7 +34,7 @@ def _user_errors() -> tuple[type[Exception], ...]:
     from agentspec.trace import TraceError
 
     return (ModelError, BenchError, CostProfileError, TraceError, KmaxError, StructureError,
-            FileNotFoundError)
+            VLLMError, FileNotFoundError)
 
 
 def fail(message: str) -> None:
@@ -71,7 +72,9 @@ def bench(
                                                 "the cost-aware allocator."),
     lam: Optional[float] = typer.Option(None, "--lambda", min=0.0, max=1.0,
                                         help="Lambda the policies plan for (default: the "
-                                        "cost profile's at this batch size, else 0.2)."),
+                                        "cost profile's at each batch size, else 0.2; "
+                                        "vllm measures this machine's profile on first "
+                                        "use)."),
     kmax: Optional[Path] = typer.Option(None, help="Kmax table from `agentspec profile-kmax` "
                                         "(default: profiled on the held-out task split)."),
     structure: Optional[str] = typer.Option(None, help="JSON [[open, close], ...] for "
@@ -166,6 +169,10 @@ def _load_bench(backend: str, traces: list[Path], *, sessions, seed, methods, ba
 
         ensure_blas_or_reexec()
         cost_profile = cost_profile or default_profile("mlx", model, dtype)
+    if backend == "vllm" and cost_profile is None and lam is None:
+        from agentspec.backends.vllm_probe import ensure_profile
+
+        cost_profile = ensure_profile(model, dtype, sizes, console)
     profile = load_profile(cost_profile) if cost_profile else None
     pairs = parse_structure(structure) if structure else ()
     table = load_kmax(kmax) if kmax else None
@@ -185,13 +192,11 @@ def _load_bench(backend: str, traces: list[Path], *, sessions, seed, methods, ba
         tokenized = tokenize_sessions(chosen, tok)
         held_tok = tokenize_sessions(held[:profile_sessions], tok)
     setup = BenchSetup(tokenizer=tok, profile=profile, token_bytes=token_bytes(tok.tokenizer),
-                       lam=lam if lam is not None else (profile.lam(sizes[0]) if profile
-                                                        else 0.2),
-                       global_seed=[c.output for s in held_tok for c in s.calls])
+                       lam=lam, global_seed=[c.output for s in held_tok for c in s.calls])
     if table is None and held_tok and {"agspec", "full"} & set(names):
         with console.status(f"profiling Kmax on {len(held_tok)} held-out sessions"):
             # G starts empty here: seeded with these very sessions it would leak them
-            table = profile_kmax(held_tok, setup.lam, ladder()["global"],
+            table = profile_kmax(held_tok, setup.lam_at(sizes[0]), ladder()["global"],
                                  encode=tok.encode, decode=tok.decode)
     setup.kmax = table
     return BenchRun(backend, traces, names, sizes, tokenized, setup, model, dtype,
@@ -233,7 +238,7 @@ def _bench_mlx(run: BenchRun, *, json_out, plot_out, max_tokens, max_prompt_toke
 
 
 def _bench_vllm(run: BenchRun, *, json_out, plot_out, max_tokens, max_prompt_tokens) -> None:
-    from agentspec.backends.vllm_bench import VLLMError, run_cli as run_vllm
+    from agentspec.backends.vllm_bench import run_cli as run_vllm
     from agentspec.bench import measured_table
 
     try:
@@ -241,7 +246,7 @@ def _bench_vllm(run: BenchRun, *, json_out, plot_out, max_tokens, max_prompt_tok
                            batches=run.sizes, max_tokens=max_tokens,
                            max_prompt_tokens=max_prompt_tokens,
                            traces=[str(t) for t in run.traces], console=console)
-    except (VLLMError, *_user_errors()) as e:
+    except _user_errors() as e:
         fail(str(e))
 
     def per_size(path: Optional[Path], b: int) -> Optional[Path]:
@@ -310,13 +315,12 @@ def profile_lambda_cmd(
     if backend not in ("mlx", "vllm"):
         fail(f"backend {backend!r} cannot be profiled here; this build has: mlx, vllm")
     if backend == "vllm":
-        from agentspec.backends.vllm_bench import VLLMError
         from agentspec.backends.vllm_probe import run_cli as run_vllm_probe
 
         try:
             run_vllm_probe(model, dtype, batch, max_k, context, repeats, out_path, plot_out,
                            console, out)
-        except (VLLMError, *_user_errors()) as e:
+        except _user_errors() as e:
             fail(str(e))
         return
     from agentspec.backends.mlx import MLXError, ensure_blas_or_reexec

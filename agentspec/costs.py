@@ -179,17 +179,28 @@ def machine(engine: str) -> str:
 
 
 def model_key(model: str | None) -> str:
-    """A file-name-safe key for what the user typed as --model."""
-    from agentspec.models import DEFAULT_MODEL, EMBEDDED
+    """A file-name-safe key for what the user typed as --model; an embedded model's folder
+    has its name as key, as the name itself does."""
+    from agentspec.models import DEFAULT_MODEL, EMBEDDED, models_dir
 
     model = model or DEFAULT_MODEL
     if model in EMBEDDED:
         return model
     path = Path(model).expanduser()
+    if path.is_dir() and path.resolve().parent == models_dir().resolve() \
+            and path.name in EMBEDDED:
+        return path.name
     if path.is_dir():
         digest = hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:8]
         return f"{re.sub(r'[^A-Za-z0-9._-]', '_', path.resolve().name)}-{digest}"
     return re.sub(r"[^A-Za-z0-9._-]", "_", model.replace("/", "--"))
+
+
+def host_profile_path(backend: str, model: str | None, dtype: str | None) -> Path:
+    """Where the profile of an engine that runs in another Python (vLLM) is cached for this
+    host: keyed by what the user asked for, since the engine describes itself only once
+    started."""
+    return profile_path(backend, model, dtype or "auto", machine(backend))
 
 
 def profile_path(backend: str, model: str | None, dtype: str, machine: str) -> Path:

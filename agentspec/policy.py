@@ -89,8 +89,9 @@ class PolicyConfig:
         for field_ in ("fixed_k", "max_k", "s_max_tokens", "g_max_tokens"):
             if getattr(self, field_) < 1:
                 bad(field_, "must be at least 1")
-        if not 0.0 <= self.lam <= 1.0:
-            bad("lam", "must be within [0, 1]")
+        # a measured lambda may pass 1 (a tiny model on a CPU): it only makes drafts dear
+        if not 0.0 <= self.lam < float("inf"):
+            bad("lam", "must be a number >= 0")
         if self.delta < 0 or self.alg2_alpha <= 0 or not 0.0 <= self.g_min <= 1.0:
             bad("delta" if self.delta < 0 else "alg2_alpha" if self.alg2_alpha <= 0
                 else "g_min", "is out of range")
@@ -164,6 +165,7 @@ class Policy:
                  decode: Callable[[list[int]], str] | None = None,
                  token_bytes: list[bytes] | None = None, kmax: KmaxTable | None = None,
                  draft_costs: Callable[[int, int], np.ndarray] | None = None,
+                 lam_at: Callable[[int], float] | None = None,
                  global_seed: Sequence[Sequence[int]] = ()):
         self.config = config
         self.name = config.name
@@ -174,6 +176,8 @@ class Policy:
         self.draft_costs = draft_costs or (lambda b, k: linear_costs(config.lam, k))
         self._costs: dict[int, np.ndarray] = {}  # by batch size: read once, not every step
         self.controller = Controller(lam=config.lam, kmax=dict(kmax.kmax) if kmax else {})
+        # lambda at a batch size (a cost profile's lambda(b)); else config.lam at every size
+        self.lam_at = lam_at or (lambda b: config.lam)
         self.acceptance = CostAware(max_k=config.max_k, prior=kmax.hazard if kmax else None)
         self.sessions: dict[str, _Session] = {}
         self.running: dict[str, _Running] = {}
@@ -342,6 +346,7 @@ class Policy:
         if cfg.length == "fixed":
             lengths = [cfg.fixed_k if m.length else 0 for m in matches]
         elif cfg.length == "alpha":
+            self.controller.lam = self.lam_at(len(batch))
             lengths = [self.controller.length(r.role, m.length) for r, m in zip(batch, matches)]
         elif cfg.length == "algorithm2":
             lengths = agentspec_lengths(

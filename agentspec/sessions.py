@@ -1,32 +1,40 @@
 """Which session a served request belongs to, and what its drafter has already seen.
 
-Both servers (`agentspec serve` on MLX, the vLLM drafter) read the same optional
-`agentspec_*` metadata, and a chat request without `agentspec_session` belongs to the
-session whose calls began with the same leading messages (system prompt and first user
-message), the way a prefix cache recognises a conversation. `SessionBook` keeps, per
-session, what was registered (so a call that re-sends its history registers only what is
-new) and drops the least recently used idle sessions past its bound.
+Both servers (`agentspec serve` on MLX, the vLLM drafter in `vllm serve`) read the same
+optional `agentspec_*` metadata. A request without `agentspec_session` joins the session
+whose first prompt it continues, the way a prefix cache recognises a conversation: an agent
+re-sends its system prompt and first task message on every call, so the first call's prompt
+(up to a few tokens of chat-template trailer) opens every later one. Prompts are token ids,
+so this works the same for chat and plain completions, and in vLLM's engine, which never
+sees messages. `SessionBook` does it, and keeps per session what was registered (a call
+that re-sends its history registers only what is new); past its bound it drops the least
+recently used idle sessions.
 """
 
 from __future__ import annotations
 
-import hashlib
+import itertools
 import json
 from collections import OrderedDict
 from typing import Any, Callable, Sequence
 
+import numpy as np
+
 from agentspec.drafter import FILE, PROMPT, Drafter, Request
-from agentspec.speculation import accepted_prefix as common_prefix
 from agentspec.structure import StructureError, parse_structure
 
 PREFIX = "agentspec_"
+# How many tokens at the end of a session's first prompt a later call may render differently
+# (a chat template's generation prompt, e.g. an empty think block that later turns omit).
+TRAILER_TOKENS = 8
 TEXT_KEYS = ("session", "agent", "query", "role")
 
 
 def request_meta(req_id: str, extra_args: dict | None) -> tuple[dict, list[str]]:
-    """Request fields from `extra_args`: (fields, warnings). Bad values are left out."""
+    """Request fields from `extra_args`: (fields, warnings). Bad values are left out;
+    without `agentspec_session` the session is "" (SessionBook.begin infers it)."""
     args = extra_args or {}
-    fields: dict[str, Any] = {"session": f"request:{req_id}", "role": "agent", "agent": "",
+    fields: dict[str, Any] = {"session": "", "role": "agent", "agent": "",
                               "query": req_id, "structure": ()}
     problems = []
     for key in TEXT_KEYS:
@@ -63,40 +71,55 @@ def request_files(req_id: str, extra_args: dict | None) -> tuple[dict[str, str],
     return files, []
 
 
-def leading_messages(messages: Sequence[dict]) -> list[dict]:
-    """The system messages that open a chat, and its first user message."""
-    lead = []
-    for m in messages:
-        lead.append({"role": m.get("role"), "content": m.get("content")})
-        if m.get("role") not in ("system", "developer"):
-            break
-    return lead
-
-
-def infer_session(messages: Sequence[dict]) -> str:
-    """A session key for a chat: equal for chats that begin with the same messages."""
-    text = json.dumps(leading_messages(messages), sort_keys=True, ensure_ascii=False)
-    return "chat:" + hashlib.sha1(text.encode()).hexdigest()[:16]
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens `a` and `b` share."""
+    n = min(len(a), len(b))
+    if n == 0:
+        return 0
+    differ = np.asarray(a[:n]) != np.asarray(b[:n])
+    return int(differ.argmax()) if differ.any() else n
 
 
 class SessionBook:
     """The sessions a drafter knows, least recently used first, with what each registered.
 
-    `begin` registers a request's new prompt text and files; `end` remembers its prompt
-    plus output, so the next call of the session, which re-sends both, adds only its new
-    messages. Past `max_sessions`, idle sessions are dropped (`drafter.drop_session`).
+    `begin` gives a request without a session the one it continues (or a new one), then
+    registers its new prompt text and files; `end` remembers its prompt plus output, so the
+    next call of the session, which re-sends both, adds only its new messages. Past
+    `max_sessions`, idle sessions are dropped (`drafter.drop_session`).
     """
 
     def __init__(self, drafter: Drafter, max_sessions: int = 64,
                  encode: Callable[[str], list[int]] | None = None):
         self.drafter, self.max_sessions, self.encode = drafter, max_sessions, encode
         self.seen: OrderedDict[str, list[int]] = OrderedDict()  # session -> tokens registered
+        self.first: dict[str, list[int]] = {}  # session -> its first prompt
         self.files: dict[str, set[tuple[str, int]]] = {}
         self.running: dict[str, int] = {}  # session -> requests in flight
+        self.sessions_started = 0
+        self._ids = itertools.count(1)
+
+    def infer(self, prompt: Sequence[int]) -> str:
+        """The session whose first prompt `prompt` continues (of several, the one sharing
+        most with what it registered last), or a new session's key."""
+        best, best_shared = None, -1
+        for s, first in self.first.items():
+            opened = common_prefix(first, prompt)
+            if opened < len(first) - TRAILER_TOKENS or opened <= TRAILER_TOKENS:
+                continue
+            shared = common_prefix(self.seen.get(s, first), prompt)
+            if shared > best_shared:
+                best, best_shared = s, shared
+        return best if best is not None else f"inferred:{next(self._ids)}"
 
     def begin(self, request: Request, files: dict[str, str] | None = None) -> None:
-        s = request.session
         prompt = request.tokens[:request.num_prompt]
+        if not request.session:
+            request.session = self.infer(prompt)
+        s = request.session
+        if s not in self.seen:
+            self.sessions_started += 1
+            self.first[s] = list(prompt)
         if files and self.encode is not None:
             seen = self.files.setdefault(s, set())
             for path, text in files.items():
@@ -127,5 +150,5 @@ class SessionBook:
             if len(self.seen) <= self.max_sessions:
                 break
             self.drafter.drop_session(old)
-            self.seen.pop(old, None)
-            self.files.pop(old, None)
+            for state in (self.seen, self.first, self.files):
+                state.pop(old, None)

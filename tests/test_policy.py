@@ -187,6 +187,26 @@ def test_draft_costs_follow_the_measured_curve():
     assert prof.draft_costs(2, 4)[4] == pytest.approx(c1[4] + (2.0 - c1[4]) / 3)
 
 
+def test_every_rung_plans_with_lambda_of_the_batch_size_it_runs_at():
+    from agentspec.bench import BenchSetup, make_drafter
+
+    prof = CostProfile(backend="mlx", model="m", batches={
+        1: BatchCost([1, 2, 3], [0.10, 0.11, 0.12], 0.1),
+        4: BatchCost([1, 2, 3], [0.20, 0.30, 0.40], 0.5)})
+    setup = BenchSetup(profile=prof)
+    assert (setup.lam_at(1), setup.lam_at(4)) == (0.1, 0.5)
+    assert BenchSetup(profile=prof, lam=0.3).lam_at(4) == 0.3  # --lambda wins
+    assert BenchSetup().lam_at(16) == 0.2
+    agspec = make_drafter("agspec", setup)
+    batch = [request(f"r{i}", "A", [1, 2, 3]) for i in range(4)]
+    for r in batch:
+        agspec.start(r)
+    agspec.propose(batch)
+    assert agspec.controller.lam == 0.5 and agspec.controller.tau == 0.5
+    agspec.propose(batch[:1])
+    assert agspec.controller.lam == 0.1
+
+
 def test_the_token_after_a_fully_accepted_draft_teaches_the_next_position():
     model = CostAware(max_k=8, prior_weight=4)
     before = model.accept_probs("code", 40)[2]
@@ -368,7 +388,8 @@ def test_draft_kind_tells_agreeing_occurrences_from_a_vote():
     ({"choose": "best"}, "choose='best'"),
     ({"frequency": True}, "length='fixed' must be 'cost'"),
     ({"max_k": 0}, "max_k=0 must be at least 1"),
-    ({"lam": 1.5}, "lam=1.5"),
+    ({"lam": -0.5}, "lam=-0.5 must be a number >= 0"),
+    ({"lam": float("nan")}, "lam=nan"),
     ({"delta": -1}, "delta=-1"),
 ])
 def test_a_bad_strategy_fails_at_construction_naming_it(change, named):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from agentspec.drafter import FILE, PROMPT, Plain, Request
-from agentspec.sessions import SessionBook, infer_session, leading_messages
+from agentspec.sessions import SessionBook, common_prefix
 from agentspec.speculation import Loop, Row, accepted_prefix, take
 
 
@@ -120,12 +120,29 @@ def test_session_book_registers_only_what_is_new_and_drops_idle_sessions():
     assert ("drop", "s2") in d.events and ("drop", "s1") not in d.events  # s1 is running
 
 
-def test_sessions_are_inferred_from_the_leading_messages():
-    sys_ = {"role": "system", "content": "You fix bugs."}
-    first = {"role": "user", "content": "Fix calc.py"}
-    later = [sys_, first, {"role": "assistant", "content": "ok"}, {"role": "user", "content": "!"}]
-    assert leading_messages(later) == [sys_, first]
-    assert infer_session([sys_, first]) == infer_session(later)
-    assert infer_session([sys_, {"role": "user", "content": "Fix other.py"}]) != \
-        infer_session(later)
-    assert infer_session([{"role": "system", "content": "Other."}, first]) != infer_session(later)
+def test_a_call_joins_the_session_whose_first_prompt_it_continues():
+    d = Book()
+    book = SessionBook(d)
+    system, task_a, task_b = list(range(100, 140)), [1, 2, 3, 4] * 3, [5, 6, 7, 8] * 3
+    trailer = [90, 91]  # the chat template's generation prompt
+
+    def call(rid: str, prompt: list[int], output: list[int]) -> str:
+        r = Request(rid, "", list(prompt), len(prompt))
+        book.begin(r)
+        r.tokens += output
+        book.end(r)
+        return r.session
+
+    a = call("a1", system + task_a + trailer, [7, 7])
+    b = call("b1", system + task_b + trailer, [8])
+    assert a != b and book.sessions_started == 2  # same system prompt, another task
+    # a later call re-sends the history (the trailer rendered differently) and adds to it
+    assert call("a2", system + task_a + [92, 7, 7, 93, 11, 12] + trailer, []) == a
+    assert call("b2", system + task_b + trailer + [8, 13], []) == b
+    assert book.sessions_started == 2
+    named = Request("n1", "mine", system + task_a + [9], 53)
+    book.begin(named)  # a session given by metadata is kept as given
+    assert named.session == "mine" and book.sessions_started == 3
+    assert call("x", [1, 2, 3], []) not in (a, b, "mine")  # too short to be anyone's
+    assert common_prefix([1, 2, 3], [1, 2, 4, 5]) == 2 and common_prefix([], [1]) == 0
+    assert common_prefix([1, 2], [1, 2, 3]) == 2

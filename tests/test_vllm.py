@@ -43,15 +43,26 @@ def _model() -> str:
 
 
 def _run(mode: str) -> dict:
-    """Generate PROMPTS greedily with vLLM on the CPU, plain or with the proposer."""
+    """Generate PROMPTS greedily with vLLM on the CPU, plain or with the proposer; "unhooked":
+    start an engine with the proposer in this process after removing a runner method it
+    hooks, which must fail at start."""
     from vllm import LLM, SamplingParams
 
     spec = None
-    if mode == "agentspec":
+    if mode == "unhooked":
+        from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine runs in this process
+        del GPUModelRunner._on_request_state_removed
+    if mode in ("agentspec", "unhooked"):
         spec = {"method": "custom_class", "model": PROPOSER, "num_speculative_tokens": 8}
     # gpu_memory_utilization is the share of RAM on CPU; 0.1 left no room for the KV cache
-    llm = LLM(model=_model(), dtype="float32", max_model_len=1024, gpu_memory_utilization=0.3,
-              enforce_eager=True, disable_log_stats=False, speculative_config=spec)
+    try:
+        llm = LLM(model=_model(), dtype="float32", max_model_len=1024,
+                  gpu_memory_utilization=0.3, enforce_eager=True, disable_log_stats=False,
+                  speculative_config=spec)
+    except Exception as e:  # noqa: BLE001 - the unhooked run reports what stopped it
+        return {"mode": mode, "error": f"{type(e).__name__}: {e}"}
     params = [SamplingParams(temperature=0.0, max_tokens=64, extra_args=x) for _, x in PROMPTS]
     t0 = time.time()
     outs = llm.generate([p for p, _ in PROMPTS], params)
@@ -178,11 +189,13 @@ def test_request_meta_bad_values_only_warn():
                                            "agentspec_agent": "ok"})
     assert len(problems) == 3 and all(p.startswith("request r1: agentspec_") for p in problems)
     assert fields["role"] == "agent" and fields["structure"] == ()
-    assert fields["session"] == "request:r1" and fields["agent"] == "ok"
-    assert request_meta("r2", None)[0]["session"] == "request:r2"
+    assert fields["session"] == "" and fields["agent"] == "ok"  # "": inferred on start
+    assert request_meta("r2", None)[0]["session"] == ""
 
 
 def test_proposer_drafts_observes_and_finishes():
+    from agentspec.backends.vllm_drafter import VllmContractError
+
     p = _proposer(k=4)
     p.load_model(None)  # the warm-up request leaves nothing behind
     assert not p.policy.sessions and not p.policy.running and not len(p.policy.g)
@@ -190,7 +203,8 @@ def test_proposer_drafts_observes_and_finishes():
     prompt = A + A + A[:3]
     runner.add("r1", prompt, {"agentspec_session": "s"})
     runner.add("r2", [1, 2, 3], {"agentspec_structure": "not json"})
-    assert p.propose([[1]], np.array([1]), np.zeros((1, 2), dtype=np.int32)) == [[]]  # unbound
+    with pytest.raises(VllmContractError, match="never went through propose_draft_token_ids"):
+        p.propose([[1]], np.array([1]), np.zeros((1, 2), dtype=np.int32))  # hooks not in place
     drafts = runner.step(p, {"r1": [A[3]], "r2": []}, {})  # r2: still a prefill chunk
     assert drafts["r1"] == A[4:8] and drafts["r2"] == []
     assert p.stats["started"] == 1 and p.requests["r1"].session == "s"
@@ -198,11 +212,30 @@ def test_proposer_drafts_observes_and_finishes():
     runner.step(p, {"r1": [A[4], A[5], 99], "r2": [50]}, {"r1": drafts["r1"]})
     assert p.stats["accepted"] == 2
     assert p.requests["r1"].tokens == runner.tokens["r1"]
-    assert p.requests["r2"].session == "request:r2" and p.requests["r2"].structure == ()
+    r2_session = p.requests["r2"].session
+    assert r2_session.startswith("inferred:") and p.requests["r2"].structure == ()
     p.finish("r1", runner.requests["r1"])
     p.finish("r2", runner.requests["r2"])
     assert p.stats["finished"] == 2 and not p.requests
-    assert "request:r2" not in p.policy.sessions and "s" in p.policy.sessions
+    assert {"s", r2_session} <= set(p.policy.sessions) and p.stats["sessions"] == 2
+
+
+def test_a_vllm_outside_the_tested_range_or_without_a_hook_stops_with_its_name():
+    from agentspec.backends.vllm_drafter import (RUNNER_HOOKS, VllmContractError, check_vllm,
+                                                 tested_vllm)
+
+    wanted = tested_vllm()  # pyproject's `vllm` extra, as installed
+    assert wanted and "<" in wanted and ">=" in wanted
+    low = wanted.split(">=")[1].split(",")[0]
+    runner = type("GPUModelRunner", (), {h: lambda self: None for h in RUNNER_HOOKS})
+    check_vllm(low, runner)  # in range, hooks in place
+    with pytest.raises(VllmContractError, match=r"vLLM 0\.1\.0 is not a version .* tested"):
+        check_vllm("0.1.0", runner)
+    with pytest.raises(VllmContractError, match=r"vLLM 99\.0 is not"):
+        check_vllm("99.0", runner)
+    del runner._on_request_state_removed
+    with pytest.raises(VllmContractError, match="GPUModelRunner has no _on_request_state_removed"):
+        check_vllm(low, runner)
 
 
 def test_drafts_respect_k_and_max_model_len():
@@ -261,11 +294,11 @@ def test_sessions_past_the_limit_drop_the_least_recent_idle_one(monkeypatch):
     start("b1", "b")
     p.finish("b1", runner.requests["b1"])
     start("c1", "c")  # three sessions: b is idle and older than c; a is still running
-    assert set(p.policy.sessions) == {"a", "c"} and list(p.recent) == ["a", "c"]
+    assert set(p.policy.sessions) == {"a", "c"} and list(p.book.seen) == ["a", "c"]
     p.finish("a1", runner.requests["a1"])
     start("c2", "c")  # used again: now the most recent
     start("d1", "d")
-    assert set(p.policy.sessions) == {"c", "d"} and set(p.last_prompt) == {"c", "d"}
+    assert set(p.policy.sessions) == {"c", "d"} and set(p.book.seen) == {"c", "d"}
 
 
 def test_the_rung_and_its_setup_come_from_the_environment(tmp_path, monkeypatch):
@@ -441,6 +474,18 @@ def test_vllm_profile_lambda_writes_a_cost_profile(tmp_path, monkeypatch):
     prof = load_profile(tmp_path / "p.json")
     assert prof.backend == "vllm" and sorted(prof.batches) == [1, 2]
     assert prof.batches[2].tokens_per_row == [1, 2, 3] and "vLLM" in prof.machine
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_an_engine_without_a_hooked_runner_method_fails_at_start():
+    _vllm_ready()
+    p = subprocess.run([VLLM_PYTHON, __file__, "unhooked"], capture_output=True, text=True,
+                       timeout=900)
+    lines = [line for line in p.stdout.splitlines() if line.startswith("{")]
+    assert lines, p.stdout[-2000:] + p.stderr[-4000:]
+    error = json.loads(lines[-1]).get("error", "")
+    assert "has no _on_request_state_removed" in error + p.stderr, p.stderr[-4000:]
 
 
 @pytest.mark.vllm
