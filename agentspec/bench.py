@@ -80,6 +80,36 @@ def knowledge(drafter: Drafter) -> dict:
     return {"global_seed_outputs": drafter.global_seed_outputs}
 
 
+def job_sessions(sessions: Sequence[TokenizedSession],
+                 max_prompt_tokens: int | None) -> list[list[dict]]:
+    """Each session's calls with a recorded output, as real backends send them: prompt ids
+    (the last `max_prompt_tokens`), role and `agentspec_*` metadata (`vllm_xargs`)."""
+    jobs = []
+    for s in sessions:
+        calls, files = [], {}
+        for index, tc in enumerate(s.calls):
+            files.update((path, s.session.files[path]) for path, _ in tc.new_files)
+            if not tc.output:  # as replay: it generates nothing; its files go to the next
+                continue
+            prompt = tc.prompt.tolist()
+            if max_prompt_tokens:
+                prompt = prompt[-max_prompt_tokens:]
+            calls.append({"key": f"{s.id}#{index}", "role": tc.call.role, "prompt": prompt,
+                          "xargs": call_xargs(s, index, files)})
+            files = {}
+        jobs.append(calls)
+    return jobs
+
+
+def call_xargs(s: TokenizedSession, index: int, files: dict[str, str]) -> dict[str, str]:
+    """The `vllm_xargs` of a call (vllm_drafter's flat keys); empty values are left out."""
+    r = s.request(index, [])
+    args = {"session": r.session, "agent": r.agent, "query": r.query, "role": r.role,
+            "structure": json.dumps([list(p) for p in r.structure]) if r.structure else "",
+            "files": json.dumps(files) if files else ""}
+    return {f"agentspec_{k}": v for k, v in args.items() if v}
+
+
 def split_by_task(sessions: Sequence, seed: int = 0) -> tuple[list, list]:
     """(profile part, evaluation part): every task lands wholly in one part."""
     def part(task: str) -> int:
@@ -231,11 +261,15 @@ def methods_table(methods: dict, title: str):
             first = m["mismatches"][0]
             same = (f"no: {len(m['mismatches'])} call(s), first at "
                     f"{first['call']}:{first['position']}")
-        speedup = "-" if m["speedup"] is None else f"{m['speedup']:.3f}"
-        t.add_row(name, f"{m['tokens_per_s']:.2f}", speedup, f"{m['al']:.3f}",
-                  f"{m['rejected_per_token']:.3f}", str(m["output_tokens"]),
-                  f"{m['seconds']:.1f}", same)
+        t.add_row(name, f"{m['tokens_per_s']:.2f}", _number(m.get("speedup")),
+                  _number(m.get("al")), _number(m.get("rejected_per_token")),
+                  str(m["output_tokens"]), f"{m['seconds']:.1f}", same)
     return t
+
+
+def _number(value: float | None) -> str:
+    """A table cell: "-" where a backend could not measure it (e.g. a server's AL)."""
+    return "-" if value is None else f"{value:.3f}"
 
 
 def write_json(report: dict, path: str | Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 import threading
 import time
@@ -25,6 +26,7 @@ out = Console(width=None if sys.stdout.isatty() else 200)
 
 
 def _user_errors() -> tuple[type[Exception], ...]:
+    from agentspec.backends.http_bench import HttpError
     from agentspec.backends.vllm_bench import VLLMError
     from agentspec.models import ModelError
     from agentspec.bench import BenchError
@@ -34,7 +36,7 @@ def _user_errors() -> tuple[type[Exception], ...]:
     from agentspec.trace import TraceError
 
     return (ModelError, BenchError, CostProfileError, TraceError, KmaxError, StructureError,
-            VLLMError, FileNotFoundError)
+            VLLMError, HttpError, FileNotFoundError)
 
 
 def fail(message: str) -> None:
@@ -54,12 +56,17 @@ def bench(
                                       ".jsonl or .jsonl.gz); more files may follow the first."),
     backend: str = typer.Option("replay", help="Engine: [b]replay[/] (oracle verification of "
                                 "recorded outputs), [b]mlx[/] or [b]vllm[/] (a real model "
-                                "generates every call with every method)."),
+                                "generates every call with every method), [b]http[/] (the "
+                                "servers at --url and --plain-url generate every call)."),
+    url: Optional[str] = typer.Option(None, help="http: the OpenAI-compatible server to "
+                                      "measure (agentspec serve, vllm serve, mlx_lm.server)."),
+    plain_url: Optional[str] = typer.Option(None, help="http: the same model served plainly, "
+                                            "the reference for speedup and identical output."),
     sessions: Optional[int] = typer.Option(None, help="Sample this many sessions (default: all)."),
     seed: int = typer.Option(0, help="Seed of the task split and the session sample."),
     methods: str = typer.Option("plain,ngram,suffix", help="Comma-separated methods."),
     batch: str = typer.Option("1", help="Sessions run concurrently (replay: in lockstep). "
-                              "vllm: comma-separated sizes, one report each; --json and --plot "
+                              "vllm, http: comma-separated sizes, one report each; --json and --plot "
                               "then write FILE.bN.json / FILE.bN.png per size."),
     model: Optional[str] = typer.Option(None, help="Tokenizer's model: embedded name, local "
                                         "folder or hub id (default: smollm2-135m)."),
@@ -108,6 +115,8 @@ def bench(
       agentspec bench --traces a.jsonl.gz --methods plain,suffix,full --batch 16 --lambda 0.5
 
       agentspec bench --backend vllm --traces a.jsonl.gz --sessions 4 --batch 1,16 --methods plain,ngram,suffix,full --max-prompt-tokens 4096 --json r.json
+
+      agentspec bench --backend http --url http://127.0.0.1:8000 --plain-url http://127.0.0.1:8001 --traces a.jsonl.gz --sessions 3 --batch 1,4
     """
     extra = [a for a in ctx.args]
     if any(a.startswith("-") for a in extra):
@@ -121,8 +130,11 @@ def bench(
                           profile_sessions=profile_sessions, split=split, dtype=dtype)
     except _user_errors() as e:
         fail(str(e))
+    if (backend == "http") != bool(url and plain_url):
+        fail("--backend http measures the server at --url against the one at --plain-url; "
+             "give both" if backend == "http" else "--url and --plain-url go with --backend http")
     BENCH_BACKENDS[backend](run, json_out=json_out, plot_out=plot_out, max_tokens=max_tokens,
-                            max_prompt_tokens=max_prompt_tokens)
+                            max_prompt_tokens=max_prompt_tokens, url=url, plain_url=plain_url)
 
 
 @dataclass
@@ -157,8 +169,8 @@ def _load_bench(backend: str, traces: list[Path], *, sessions, seed, methods, ba
     from agentspec.trace import read_sessions
 
     names, sizes = parse_methods(methods), parse_batches(batch)
-    if len(sizes) > 1 and backend != "vllm":
-        raise BenchError("--batch takes several sizes only with --backend vllm")
+    if len(sizes) > 1 and backend not in ("vllm", "http"):
+        raise BenchError("--batch takes several sizes only with --backend vllm or http")
     if backend == "mlx" and sizes != [1]:
         raise BenchError("--backend mlx generates one session at a time; batched sessions "
                          "run with --backend replay or vllm (or against agentspec serve)")
@@ -193,7 +205,7 @@ def _load_bench(backend: str, traces: list[Path], *, sessions, seed, methods, ba
         held_tok = tokenize_sessions(held[:profile_sessions], tok)
     setup = BenchSetup(tokenizer=tok, profile=profile, token_bytes=token_bytes(tok.tokenizer),
                        lam=lam, global_seed=[c.output for s in held_tok for c in s.calls])
-    if table is None and held_tok and {"agspec", "full"} & set(names):
+    if table is None and held_tok and {"agspec", "full"} & set(names) and backend != "http":
         with console.status(f"profiling Kmax on {len(held_tok)} held-out sessions"):
             # G starts empty here: seeded with these very sessions it would leak them
             table = profile_kmax(held_tok, setup.lam_at(sizes[0]), ladder()["global"],
@@ -222,7 +234,8 @@ def _bench_replay(run: BenchRun, *, json_out, plot_out, **_) -> None:
     _emit(result.report, json_out, plot_out, sample=run.sample)
 
 
-def _bench_mlx(run: BenchRun, *, json_out, plot_out, max_tokens, max_prompt_tokens) -> None:
+def _bench_mlx(run: BenchRun, *, json_out, plot_out, max_tokens, max_prompt_tokens,
+               **_) -> None:
     from agentspec.backends.mlx import MLXError
     from agentspec.backends.mlx_bench import run_cli
     from agentspec.bench import measured_table
@@ -237,7 +250,8 @@ def _bench_mlx(run: BenchRun, *, json_out, plot_out, max_tokens, max_prompt_toke
     _emit(report, json_out, plot_out, measured_table(report), sample=run.sample)
 
 
-def _bench_vllm(run: BenchRun, *, json_out, plot_out, max_tokens, max_prompt_tokens) -> None:
+def _bench_vllm(run: BenchRun, *, json_out, plot_out, max_tokens, max_prompt_tokens,
+                **_) -> None:
     from agentspec.backends.vllm_bench import run_cli as run_vllm
     from agentspec.bench import measured_table
 
@@ -249,16 +263,53 @@ def _bench_vllm(run: BenchRun, *, json_out, plot_out, max_tokens, max_prompt_tok
     except _user_errors() as e:
         fail(str(e))
 
-    def per_size(path: Optional[Path], b: int) -> Optional[Path]:
-        return path.with_suffix(f".b{b}{path.suffix}") if path and len(run.sizes) > 1 else path
-
     for r in results:
         b = r.report["batch"]
-        _emit(r.report, per_size(json_out, b), per_size(plot_out, b), measured_table(r.report),
-              sample=run.sample)
+        _emit(r.report, _per_size(json_out, b, run), _per_size(plot_out, b, run),
+              measured_table(r.report), sample=run.sample)
 
 
-BENCH_BACKENDS = {"replay": _bench_replay, "mlx": _bench_mlx, "vllm": _bench_vllm}
+def _bench_http(run: BenchRun, *, json_out, plot_out, max_tokens, max_prompt_tokens, url,
+                plain_url) -> None:
+    from agentspec.backends.http_bench import report_table as http_table, run_http_bench
+    from agentspec.bench import write_json
+
+    tok = run.setup.tokenizer
+    n_calls = sum(1 for s in run.tokenized for c in s.calls if c.output)
+    with _progress() as bar:
+        tasks = {}
+
+        def tick(name: str) -> None:
+            if name not in tasks:
+                tasks[name] = bar.add_task(name, total=n_calls * len(run.sizes))
+            bar.advance(tasks[name], 1)
+
+        try:
+            reports = run_http_bench(run.tokenized, url=url, plain_url=plain_url,
+                                     batches=run.sizes, max_tokens=max_tokens,
+                                     max_prompt_tokens=max_prompt_tokens, decode=tok.decode,
+                                     count=lambda text: len(tok.encode(text)),
+                                     traces=[str(t) for t in run.traces], progress=tick)
+        except _user_errors() as e:
+            fail(str(e))
+    if plot_out:
+        console.print("[yellow]warning:[/] --plot has no chart for --backend http", highlight=False)
+    for report in reports:
+        report.update(run.sample)
+        out.print(http_table(report))
+        path = _per_size(json_out, report["batch"], run)
+        if path:
+            write_json(report, path)
+            console.print(f"wrote {path}")
+
+
+def _per_size(path: Optional[Path], b: int, run: BenchRun) -> Optional[Path]:
+    """FILE.bN.json for batch size N when the run has several sizes."""
+    return path.with_suffix(f".b{b}{path.suffix}") if path and len(run.sizes) > 1 else path
+
+
+BENCH_BACKENDS = {"replay": _bench_replay, "mlx": _bench_mlx, "vllm": _bench_vllm,
+                  "http": _bench_http}
 
 
 def _emit(report: dict, json_out: Optional[Path], plot_out: Optional[Path], *extra,
@@ -486,9 +537,16 @@ def run_agent_cmd(
     max_tasks: Optional[int] = typer.Option(None, min=1, help="With --all: only the first N "
                                             "evaluation tasks."),
     model: Optional[str] = typer.Option(None, help="Embedded name, local folder or hub id "
-                                        "(default: smollm2-135m)."),
-    backend: str = typer.Option("mlx", help="Engine that runs the model: mlx."),
-    method: str = typer.Option("full", help="Drafting method (see `agentspec bench --help`)."),
+                                        "(default: smollm2-135m); with --url, the served "
+                                        "model's tokenizer, to count tokens."),
+    url: Optional[str] = typer.Option(None, help="Generate through this OpenAI-compatible "
+                                      "server (agentspec serve, vllm serve) instead of MLX "
+                                      "in this process."),
+    plain_url: Optional[str] = typer.Option(None, help="With --url: the same model served "
+                                            "plainly; every call goes there too (speedup, "
+                                            "identical outputs)."),
+    method: str = typer.Option("full", help="Drafting method (see `agentspec bench --help`); "
+                               "with --url the server's own."),
     compare: bool = typer.Option(False, help="Also generate every call with plain decoding "
                                  "from the same prompt: speedup and identical outputs."),
     max_turns: int = typer.Option(3, min=1, help="Code-run-review turns before giving up."),
@@ -497,6 +555,8 @@ def run_agent_cmd(
                                              "review 96)."),
     dtype: str = typer.Option("float32", help="Weights as keep, float16 or float32 (Linux "
                               "CPU: float32; a Mac's quantized model: keep)."),
+    kmax: Optional[Path] = typer.Option(None, help="Kmax table from `agentspec profile-kmax` "
+                                        "for the methods that cap drafts per role."),
     out_dir: Path = typer.Option(Path("out/agent"), "--out", help="Folder for the trace and "
                                  "the summary."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Summary JSON (default: "
@@ -506,7 +566,8 @@ def run_agent_cmd(
 
     Each task's session is recorded as agentspec.trace/1 in OUT/trace.jsonl.gz; the summary
     (tasks solved, turns, and per method AL, tokens/s, speedup, identical outputs) goes to
-    OUT/summary.json.
+    OUT/summary.json. The model runs in this process on MLX, with a cost profile measured
+    for this machine (its lambda), or behind a server given by --url.
 
     [b]Examples[/b]
 
@@ -516,61 +577,33 @@ def run_agent_cmd(
 
       agentspec run-agent --task rle-codec --method suffix --max-turns 1
 
+      agentspec run-agent --all --url http://127.0.0.1:8000 --plain-url http://127.0.0.1:8001
+
       agentspec run-agent --all --model mlx-community/Qwen2.5-Coder-7B-Instruct-4bit --dtype keep
     """
     from agentspec.agents.tasks import TaskError, list_tasks, load_task
     from agentspec.bench import method_names
 
-    if backend != "mlx":
-        fail(f"backend {backend!r} cannot run the agent; use mlx")
     if method not in method_names():
         fail(f"unknown method {method!r}; choose from {', '.join(method_names())}")
     if bool(task) == all_tasks:
         fail("name one task with --task, or run them all with --all")
+    if plain_url and not url:
+        fail("--plain-url goes with --url")
     try:
         tasks = list_tasks("eval")[:max_tasks] if all_tasks else [load_task(task)]
     except TaskError as e:
         fail(str(e))
-    from agentspec.backends.mlx import ensure_blas_or_reexec
-
-    ensure_blas_or_reexec()
-    _run_agent(tasks, model=model, dtype=dtype, method=method, compare=compare,
-               max_turns=max_turns, max_tokens=max_tokens, out_dir=out_dir,
-               json_out=json_out or out_dir / "summary.json")
-
-
-def _run_agent(tasks, *, model, dtype, method, compare, max_turns, max_tokens, out_dir,
-               json_out) -> None:
-    import json
-
-    from agentspec.agents.agent import run_task
-    from agentspec.agents.llm import CallStats, EngineLLM
-    from agentspec.backends import mlx as engine
-    from agentspec.backends.mlx_probe import default_profile
-    from agentspec.bench import BenchSetup
-    from agentspec.costs import load_profile
-    from agentspec.structure import token_bytes
-    from agentspec.tokens import ChatTokenizer
-    from agentspec.trace import write_sessions
-
-    try:
-        with console.status("loading the model"):
-            eng = engine.load(model, dtype)
-        profile_path = default_profile("mlx", model, dtype)
-        tok = ChatTokenizer.from_model(Path(eng.path), eng.name)
-        setup = BenchSetup(tokenizer=tok, token_bytes=token_bytes(tok.tokenizer),
-                           profile=load_profile(profile_path) if profile_path else None)
-    except (engine.MLXError, *_user_errors()) as e:
-        fail(str(e))
-    spent: dict[str, list[float]] = {}  # session -> [tokens, seconds]
     beat = Heartbeat(console, every_s=25.0)
+    spent: dict[str, list[float]] = {}  # session -> [tokens, seconds]
 
-    def show(c: CallStats) -> None:
+    def show(c) -> None:
         spent.setdefault(c.session, [0, 0.0])
         spent[c.session][0] += c.tokens
         spent[c.session][1] += c.seconds
         rate = c.tokens / c.seconds if c.seconds else 0.0
-        line = f"  {c.turn}:{c.role:<8} {c.tokens:4d} tok {rate:6.1f} tok/s AL {c.al:5.2f}"
+        al = "   -" if c.al is None else f"{c.al:5.2f}"
+        line = f"  {c.turn}:{c.role:<8} {c.tokens:4d} tok {rate:6.1f} tok/s AL {al}"
         if c.plain_seconds is not None:
             plain = c.tokens / c.plain_seconds if c.plain_seconds else 0.0
             same = "identical" if c.identical else "[red]DIFFERENT[/]"
@@ -578,7 +611,83 @@ def _run_agent(tasks, *, model, dtype, method, compare, max_turns, max_tokens, o
         console.print(line, highlight=False)
         beat.touch()
 
+    try:
+        if url:
+            llm, about, call_errors = _http_agent_llm(url, plain_url, model, max_tokens, show)
+        else:
+            from agentspec.backends.mlx import ensure_blas_or_reexec
+
+            ensure_blas_or_reexec()
+            llm, about, call_errors = _mlx_agent_llm(model, dtype, method, compare, max_tokens,
+                                                     kmax, show)
+    except _user_errors() as e:
+        fail(str(e))
+    results, errors = _run_tasks(tasks, llm, beat, max_turns, about["model"], call_errors)
+    summary = {"format": "agentspec.agent/1", **about, "max_turns": max_turns,
+               "tasks": [r.summary() for r in results] + [
+                   {"task": name, "solved": False, "turns": 0, "error": err}
+                   for name, err in errors.items()],
+               "methods": llm.report()}
+    json_out = json_out or out_dir / "summary.json"
+    from agentspec.trace import write_sessions
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_sessions(out_dir / "trace.jsonl.gz", [r.session for r in results])
+    json_out.parent.mkdir(parents=True, exist_ok=True)
+    json_out.write_text(json.dumps(summary, indent=2) + "\n")
+    _print_agent_summary(summary, results, errors, spent, len(tasks),
+                         f"{about['model']} · method {about['method']}")
+    console.print(f"wrote {out_dir / 'trace.jsonl.gz'} and {json_out}")
+
+
+def _mlx_agent_llm(model, dtype, method, compare, max_tokens, kmax, show):
+    """The in-process model (MLX), what the summary says about it, and the errors that fail
+    one task."""
+    from agentspec.agents.mlx_llm import EngineLLM
+    from agentspec.backends import mlx as engine
+    from agentspec.backends.mlx_probe import default_profile
+    from agentspec.bench import BenchSetup
+    from agentspec.controller import load_kmax
+    from agentspec.costs import load_profile
+    from agentspec.structure import token_bytes
+    from agentspec.tokens import ChatTokenizer
+
+    try:
+        with console.status("loading the model"):
+            eng = engine.load(model, dtype)
+    except engine.MLXError as e:
+        fail(str(e))
+    profile_path = default_profile("mlx", model, dtype)
+    tok = ChatTokenizer.from_model(Path(eng.path), eng.name)
+    setup = BenchSetup(tokenizer=tok, token_bytes=token_bytes(tok.tokenizer),
+                       profile=load_profile(profile_path) if profile_path else None,
+                       kmax=load_kmax(kmax) if kmax else None)
     llm = EngineLLM(eng, method, setup, compare=compare, max_tokens=max_tokens, on_call=show)
+    about = {"backend": "mlx", "model": eng.name, "dtype": eng.dtype, "method": method}
+    return llm, about, (engine.MLXError,)
+
+
+def _http_agent_llm(url, plain_url, model, max_tokens, show):
+    """A server's model (--url), what the summary says about it, and the errors that fail
+    one task."""
+    from agentspec.agents.http_llm import HttpLLM
+    from agentspec.backends.http_bench import HttpError
+    from agentspec.models import resolve
+    from agentspec.tokens import ChatTokenizer
+
+    tok = ChatTokenizer.from_model(resolve(model))
+    llm = HttpLLM(url, plain_url, lambda text: len(tok.encode(text)), max_tokens=max_tokens,
+                  on_call=show)
+    about = {"backend": "http", "model": llm.model, "url": url, "plain_url": plain_url,
+             "method": "server"}
+    return llm, about, (HttpError,)
+
+
+def _run_tasks(tasks, llm, beat: "Heartbeat", max_turns: int, model: str, call_errors):
+    """Run each task with a progress line; a task whose model call fails (`call_errors`)
+    or whose files cannot be written fails alone."""
+    from agentspec.agents.agent import run_task
+
     results, errors = [], {}
     started = time.perf_counter()
     with beat:
@@ -591,27 +700,13 @@ def _run_agent(tasks, *, model, dtype, method, compare, max_turns, max_tokens, o
             beat.touch()
             sid = f"agentspec-agent/{t.name}"
             try:
-                results.append(run_task(t, llm, max_turns=max_turns, model=eng.name,
+                results.append(run_task(t, llm, max_turns=max_turns, model=model,
                                         session_id=sid))
-            except (engine.MLXError, OSError) as e:  # this task fails; the others still run
+            except (*call_errors, OSError) as e:
                 errors[t.name] = str(e)
                 console.print(f"  [red]error:[/] {e}", highlight=False)
             llm.end_session(sid)
-    summary = {
-        "format": "agentspec.agent/1", "backend": "mlx", "model": eng.name, "dtype": eng.dtype,
-        "method": method, "max_turns": max_turns,
-        "tasks": [r.summary() for r in results] + [
-            {"task": name, "solved": False, "turns": 0, "error": err}
-            for name, err in errors.items()],
-        "methods": llm.report(),
-    }
-    out_dir.mkdir(parents=True, exist_ok=True)
-    write_sessions(out_dir / "trace.jsonl.gz", [r.session for r in results])
-    json_out.parent.mkdir(parents=True, exist_ok=True)
-    json_out.write_text(json.dumps(summary, indent=2) + "\n")
-    _print_agent_summary(summary, results, errors, spent, len(tasks),
-                         f"{eng.name} · method {method}")
-    console.print(f"wrote {out_dir / 'trace.jsonl.gz'} and {json_out}")
+    return results, errors
 
 
 def _print_agent_summary(summary: dict, results, errors: dict, spent: dict, n_tasks: int,

@@ -107,35 +107,6 @@ def speculative_config(method: str) -> dict | None:
     return {"method": "custom_class", "model": PROPOSER, "num_speculative_tokens": DRAFT_TOKENS}
 
 
-def job_sessions(sessions: Sequence[TokenizedSession],
-                 max_prompt_tokens: int | None) -> list[list[dict]]:
-    """Each session's calls with a recorded output, as the worker submits them."""
-    jobs = []
-    for s in sessions:
-        calls, files = [], {}
-        for index, tc in enumerate(s.calls):
-            files.update((path, s.session.files[path]) for path, _ in tc.new_files)
-            if not tc.output:  # as replay: it generates nothing; its files go to the next
-                continue
-            prompt = tc.prompt.tolist()
-            if max_prompt_tokens:
-                prompt = prompt[-max_prompt_tokens:]
-            calls.append({"key": f"{s.id}#{index}", "role": tc.call.role, "prompt": prompt,
-                          "xargs": call_xargs(s, index, files)})
-            files = {}
-        jobs.append(calls)
-    return jobs
-
-
-def call_xargs(s: TokenizedSession, index: int, files: dict[str, str]) -> dict[str, str]:
-    """The `vllm_xargs` of a call (vllm_drafter's flat keys); empty values are left out."""
-    r = s.request(index, [])
-    args = {"session": r.session, "agent": r.agent, "query": r.query, "role": r.role,
-            "structure": json.dumps([list(p) for p in r.structure]) if r.structure else "",
-            "files": json.dumps(files) if files else ""}
-    return {f"agentspec_{k}": v for k, v in args.items() if v}
-
-
 def write_setup(setup: BenchSetup, folder: Path) -> Path:
     """The AGENTSPEC_VLLM_SETUP file: what the ladder rungs know beyond the requests."""
     given = {"global_seed": setup.global_seed}
@@ -179,8 +150,8 @@ def run_vllm_bench(sessions: Sequence[TokenizedSession], methods: Sequence[str],
                    traces: Sequence[str] = (),
                    progress: Callable[[str, int], None] | None = None) -> list[BenchResult]:
     """Generate every call with each method at each batch size; one report per size."""
-    from agentspec.bench import (BENCH_FORMAT, BenchError, BenchResult, knowledge, make_drafter,
-                                 method_entry)
+    from agentspec.bench import (BENCH_FORMAT, BenchError, BenchResult, job_sessions, knowledge,
+                                 make_drafter, method_entry)
 
     jobs = job_sessions(sessions, max_prompt_tokens)
     longest = max((len(c["prompt"]) for calls in jobs for c in calls), default=0)

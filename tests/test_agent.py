@@ -159,7 +159,8 @@ def test_run_agent_on_a_tiny_model_records_and_compares(tmp_path, model_folder, 
     ([], "--task"),
     (["--task", "no-such-task"], "unknown task 'no-such-task'"),
     (["--all", "--method", "warp"], "unknown method 'warp'"),
-    (["--all", "--backend", "vllm"], "backend 'vllm'"),
+    (["--all", "--plain-url", "http://127.0.0.1:9"], "--plain-url goes with --url"),
+    (["--all", "--url", "http://127.0.0.1:9"], "is not an OpenAI-compatible server"),
 ])
 def test_run_agent_bad_input_is_one_message(args, message):
     from typer.testing import CliRunner

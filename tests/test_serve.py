@@ -251,6 +251,63 @@ def test_metrics_count_drafts(servers):
     assert "agentspec_accepted_tokens_total" in m and m["agentspec_draft_tokens_total"] >= 0
 
 
+def test_sessions_are_inferred_one_per_conversation(servers):
+    before = servers["full"].metrics()["agentspec_sessions_total"]
+    for i in (7, 8):
+        for turns in (1, 2, 3):  # each call re-sends the conversation so far
+            servers["full"].chat(chat_of(i, turns), **GREEDY)
+    assert servers["full"].metrics()["agentspec_sessions_total"] - before == 2
+
+
+def test_bench_over_http_replays_a_trace_against_full_and_plain(servers, model_folder,
+                                                                 tmp_path):
+    from typer.testing import CliRunner
+
+    from agentspec.cli import app
+    from conftest import session_obj, write_jsonl
+
+    trace = write_jsonl(tmp_path / "t.jsonl", [session_obj(f"s{i}") for i in range(3)])
+    out = tmp_path / "http.json"
+    r = CliRunner().invoke(app, [
+        "bench", "--backend", "http", "--url", servers["full"].base, "--plain-url",
+        servers["plain"].base, "--traces", str(trace), "--no-split", "--batch", "1,2",
+        "--max-tokens", "16", "--model", str(model_folder), "--json", str(out)])
+    assert r.exit_code == 0, r.output
+    for b in (1, 2):
+        report = json.loads(out.with_suffix(f".b{b}.json").read_text())
+        assert report["backend"] == "http" and report["batch"] == b and report["calls"] > 0
+        full, plain = report["methods"]["server"], report["methods"]["plain"]
+        assert full["identical_to_plain"] and full["output_tokens"] == plain["output_tokens"] > 0
+        assert full["speedup"] > 0 and full["ttft_s"]["mean"] > 0
+        assert full["al"] >= 1.0 and plain["al"] == 1.0  # both publish agentspec counters
+    r = CliRunner().invoke(app, ["bench", "--backend", "http", "--url", servers["full"].base,
+                                 "--traces", str(trace)])
+    assert r.exit_code == 2 and "give both" in r.output
+    r = CliRunner().invoke(app, ["bench", "--backend", "http", "--url", "http://127.0.0.1:9",
+                                 "--plain-url", "http://127.0.0.1:9", "--traces", str(trace),
+                                 "--no-split", "--model", str(model_folder)])
+    assert r.exit_code == 2 and "is not an OpenAI-compatible server" in r.output
+
+
+def test_the_built_in_agent_runs_against_a_server(servers, model_folder, tmp_path):
+    from typer.testing import CliRunner
+
+    from agentspec.agents.tasks import list_tasks
+    from agentspec.cli import app
+
+    task = list_tasks("eval")[0].name
+    r = CliRunner().invoke(app, [
+        "run-agent", "--task", task, "--url", servers["full"].base, "--plain-url",
+        servers["plain"].base, "--max-turns", "1", "--max-tokens", "12", "--model",
+        str(model_folder), "--out", str(tmp_path)])
+    assert r.exit_code == 0, r.output
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["backend"] == "http" and summary["tasks"][0]["error"] is None
+    full, plain = summary["methods"]["server"], summary["methods"]["plain"]
+    assert full["identical_to_plain"] and full["output_tokens"] == plain["output_tokens"] > 0
+    assert full["al"] >= 1.0 and full["speedup"] > 0 and "code" in full["by_role"]
+
+
 class Chars:
     """A tokenizer whose ids are characters; 0 is half of a two-byte character."""
 

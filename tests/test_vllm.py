@@ -326,7 +326,8 @@ def _tokenized(tiny_model_dir, n: int = 2):
 
 
 def test_bench_jobs_carry_metadata_files_and_cut_prompts(tiny_model_dir):
-    from agentspec.backends.vllm_bench import job_sessions, speculative_config
+    from agentspec.backends.vllm_bench import speculative_config
+    from agentspec.bench import job_sessions
     from agentspec.backends.vllm_drafter import request_files, request_meta
 
     sessions = _tokenized(tiny_model_dir)

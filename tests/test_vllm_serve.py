@@ -22,6 +22,7 @@ import httpx
 import openai
 import pytest
 
+from agentspec.backends.http_bench import Server
 from test_serve import free_port
 from test_vllm import PROPOSER, VLLM_PYTHON, _model, _vllm_ready
 
@@ -71,9 +72,9 @@ class VllmServer:
         return r.choices[0].message.content
 
     def counter(self, name: str) -> float:
-        text = httpx.get(self.base + "/metrics", timeout=10).text
-        return sum(float(line.split()[-1]) for line in text.splitlines()
-                   if line.startswith(name) and not line.startswith("#"))
+        """A counter summed over its labels (e.g. vLLM's per-engine ones)."""
+        return sum(v for k, v in Server(self.base).counters().items()
+                   if k == name or k.startswith(name + "{"))
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -127,5 +128,26 @@ def test_vllm_serve_with_the_drafter_equals_plain_and_infers_sessions(vllm_serve
     stats = json.loads(drafter.stats.read_text())
     assert stats["finished"] == len(calls)
     assert stats["sessions"] == 3  # two inferred conversations and the named one
-    assert drafter.counter("vllm:spec_decode_num_accepted_tokens") > 0
-    assert stats["accepted"] == drafter.counter("vllm:spec_decode_num_accepted_tokens")
+    accepted = drafter.counter("vllm:spec_decode_num_accepted_tokens_total")
+    assert accepted > 0 and stats["accepted"] == accepted
+
+
+def test_bench_over_http_against_vllm_serve(vllm_servers, tmp_path):
+    from typer.testing import CliRunner
+
+    from agentspec.cli import app
+    from conftest import session_obj, write_jsonl
+
+    trace = write_jsonl(tmp_path / "t.jsonl", [session_obj(f"s{i}") for i in range(3)])
+    out = tmp_path / "http.json"
+    r = CliRunner().invoke(app, [
+        "bench", "--backend", "http", "--url", vllm_servers["drafter"].base, "--plain-url",
+        vllm_servers["plain"].base, "--traces", str(trace), "--no-split", "--batch", "1,3",
+        "--max-tokens", "32", "--json", str(out)])
+    assert r.exit_code == 0, r.output
+    for b in (1, 3):
+        report = json.loads(out.with_suffix(f".b{b}.json").read_text())
+        drafted, plain = report["methods"]["server"], report["methods"]["plain"]
+        assert drafted["identical_to_plain"], drafted["mismatches"]
+        assert drafted["output_tokens"] == plain["output_tokens"] > 0
+        assert drafted["al"] > 1.0 and plain["al"] == 1.0  # vLLM counts accepted drafts: none
