@@ -1,4 +1,4 @@
-"""numba kernels for the hot paths of `agentspec.allocator.CostAware` (optional: its numpy
+"""numba kernels for the hot paths of `agentspec.allocator.AcceptanceModel` (optional: its numpy
 code is the reference and the fallback; both give identical answers).
 
 Why: scoring a draft and learning from it are ~20 small numpy calls each, whose fixed cost,
@@ -19,7 +19,7 @@ def _hazard(t, h, pt, ph, row, b, width, weight):
 
 @njit(cache=True)
 def best_length(t, h, pt, ph, rows, m, n, bin_of, width, pad, weight, costs, rate):
-    """(n, gain) of CostAware.plan: the draft length whose expected accepted tokens most
+    """(n, gain) of AcceptanceModel.plan: the draft length whose expected accepted tokens most
     exceed rate * costs[n]."""
     p, total = 1.0, 0.0
     best_n, best = 0, -rate * costs[0]
@@ -46,7 +46,7 @@ def expected(t, h, pt, ph, rows, m, n, bin_of, width, pad, weight):
 
 @njit(cache=True)
 def observe(t, h, pt, ph, rows, m, reached, matched, bin_of, width, pad, spread, window):
-    """CostAware.observe of one draft: counts spread around each reached position's bin,
+    """AcceptanceModel.observe of one draft: counts spread around each reached position's bin,
     then bins past the window halved (each once)."""
     for halve in range(2):
         for j in range(reached):

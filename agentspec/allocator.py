@@ -3,7 +3,7 @@
 Two allocators over the same per-request candidates:
 - `agentspec_lengths`: AgentSpec's Algorithm 2 as written (redundancy score g = c/n * p(n),
   budget floor(alpha / bz), L_i = max(|CT*_i|, B_t * g_i / sum g)).
-- `CostAware`: ours. It keeps, per role and draft source (for the policy: the corpus and
+- `AcceptanceModel`: ours. It keeps, per role and draft source (for the policy: the corpus and
   whether the match's occurrences agree), the online hazard that a copy of length L
   continues, turns it into the probability p_k that the k-th draft token is accepted, and
   drafts the length n that maximizes p_1 + ... + p_n - R * C(n). C(n) is what
@@ -23,7 +23,7 @@ import numpy as np
 
 from agentspec.speculation import accepted_prefix
 
-# numba kernels for CostAware's hot paths (agentspec/_accept_nb.py) when numba imports, as
+# numba kernels for AcceptanceModel's hot paths (agentspec/_accept_nb.py) when numba imports, as
 # agentspec.match decides; AGENTSPEC_NO_NUMBA=1 keeps the numpy code, their reference
 _nb = None
 if os.environ.get("AGENTSPEC_NO_NUMBA", "") != "1":
@@ -87,7 +87,7 @@ def hazard_counts(runs: Sequence[tuple[int, int]], max_k: int) -> tuple[np.ndarr
 # copies of nearly the same length break alike, and one bin per length learns slowly alone
 _SPREAD = np.array([0.25, 0.5, 1.0, 0.5, 0.25])
 _OFFSETS = np.arange(-2, 3)
-# CostAware's tables keep two empty bins on each side of a row, so an observation spreads
+# AcceptanceModel's tables keep two empty bins on each side of a row, so an observation spreads
 # without bounds checks (what lands there is never read)
 _PAD = 2
 _WIDTH = COPY_BINS + 2 * _PAD
@@ -95,7 +95,7 @@ _SPREAD_ROWS = np.tile(_SPREAD, (257, 1))  # one row per draft position
 
 
 def spread(counts: np.ndarray) -> np.ndarray:
-    """Counts per bin (the prior's) spread as `CostAware.observe` spreads observations."""
+    """Counts per bin (the prior's) spread as `AcceptanceModel.observe` spreads observations."""
     return np.convolve(counts, _SPREAD, mode="same")
 
 
@@ -124,7 +124,7 @@ def token_classes(token_bytes: Sequence[bytes]) -> np.ndarray:
     return np.array([cls(b) for b in token_bytes], dtype=np.intp)
 
 
-class CostAware:
+class AcceptanceModel:
     """Online acceptance model: per role and draft token row (kind and modifiers, see
     MODIFIERS), the hazard h(L) that a draft token continuing a context of L matched tokens
     is accepted too, from counts per copy-length bin. A draft of n tokens after a match of

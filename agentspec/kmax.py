@@ -9,7 +9,7 @@ from dataclasses import replace
 from typing import Sequence
 
 from agentspec.controller import KmaxTable
-from agentspec.policy import Policy, PolicyConfig
+from agentspec.policy import Fixed, Policy, PolicyConfig
 from agentspec.tokens import TokenizedSession
 
 
@@ -29,7 +29,7 @@ def profile_kmax(sessions: Sequence[TokenizedSession], lam: float, config: Polic
                  max_k: int = 64, source: dict | None = None, **policy_kwargs) -> KmaxTable:
     from agentspec.replay import replay
 
-    rec = _Recorder(replace(config, length="fixed", fixed_k=max_k, max_k=max_k),
+    rec = _Recorder(replace(config, length=Fixed(max_k), max_k=max_k),
                     **policy_kwargs)
     replay(sessions, rec)
     return KmaxTable.from_runs(lam, rec.runs, max_k, source)

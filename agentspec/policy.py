@@ -1,15 +1,18 @@
 """The agentspec drafter: what to draft (corpora, structure) and how much (controller, allocator).
 
 One `Policy` class serves every rung of the method ladder; a `PolicyConfig` switches its
-mechanisms on:
+mechanisms on and names two small strategy objects, composed per rung by `ladder()`:
 - corpora (AgSpec): S = this session's prompts, tool outputs and outputs (shared by all
   roles, including the running output); W = files the session opened, raw and in the
-  ' '- and '-'-prefixed diff emission forms; G = outputs of other sessions. S and W compete
-  on match length (tie: S); G wins only when longer by more than `delta`.
+  ' '- and '-'-prefixed diff emission forms; G = outputs of other sessions. How their
+  matches compete (`choose`): `Longest` (AgSpec: S and W on match length, tie S; G only
+  when longer by more than `delta`) or `MostExpected` (ours: by the acceptance model).
 - structure isolation (AgentSpec): a pushdown automaton tracks the open block of each
   output; block history is kept per (session, agent, query, block type).
-- length: fixed, AgSpec's alpha controller with per-role Kmax, AgentSpec's Algorithm 2,
-  or our cost-aware allocator.
+- how long (`length`): `Fixed`, `Alpha` (AgSpec's controller with per-role Kmax),
+  `Algorithm2` (AgentSpec's) or `CostAware` (ours, with the switches below). Strategies
+  are frozen parameters with the behaviour that uses them; the state they read and train
+  (controller, acceptance model, frequency tree) is the Policy's.
 - following (ours): while the output keeps copying the continuation last drafted from,
   keep reading it instead of searching again; a continuation that runs into the output
   being written (the output repeats itself) goes on repeating, as an overlapping copy does.
@@ -29,7 +32,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from agentspec.allocator import (AGREED, SPLIT, TOKEN_CLASSES, CostAware, agentspec_lengths,
+from agentspec.allocator import (AGREED, SPLIT, TOKEN_CLASSES, AcceptanceModel, agentspec_lengths,
                                  scored, token_classes)
 from agentspec.controller import Controller, KmaxTable
 from agentspec.costs import linear_costs
@@ -42,8 +45,175 @@ from agentspec.structure import BlockTracker, StructureError, parse_structure
 NO_MATCH = Match(length=0, tokens=[], candidates=0, agree=0, agreed=0, position=-1)
 
 
+def _check(strategy, field_: str, ok: bool, why: str) -> None:
+    """A bad strategy value fails at construction, naming the strategy and the field."""
+    if not ok:
+        raise ValueError(f"{type(strategy).__name__}: {field_}={getattr(strategy, field_)!r} "
+                         f"{why}")
+
+
+# --- how long a draft each request gets ------------------------------------------------
+@dataclass(frozen=True)
+class Fixed:
+    """Every match drafts its next `k` tokens."""
+
+    k: int = 10
+
+    def __post_init__(self) -> None:
+        _check(self, "k", self.k >= 1, "must be at least 1")
+
+    def drafts(self, policy: Policy, batch: Sequence[Request], matches: list[Match]):
+        return [m.tokens[:self.k] if m.length else [] for m in matches]
+
+    def observe(self, policy: Policy, request: Request, drafted: int, accepted: int) -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class Alpha:
+    """AgSpec: alpha * match length, capped per role by Kmax; alpha tracks the (1 - lambda)
+    quantile of accepted / matched per role (the policy's `Controller`)."""
+
+    def drafts(self, policy: Policy, batch: Sequence[Request], matches: list[Match]):
+        controller = policy.controller
+        controller.lam = policy.lam_at(len(batch))
+        return [m.tokens[:controller.length(r.role, m.length)] for r, m in zip(batch, matches)]
+
+    def observe(self, policy: Policy, request: Request, drafted: int, accepted: int) -> None:
+        policy.controller.update(request.role, drafted, accepted)
+
+
+@dataclass(frozen=True)
+class Algorithm2:
+    """AgentSpec's Algorithm 2: a batch budget of floor(alpha / batch size) tokens, shared
+    by each match's redundancy score (g_min: the score of a lone occurrence)."""
+
+    alpha: float = 32.0
+    g_min: float = 0.3
+
+    def __post_init__(self) -> None:
+        _check(self, "alpha", self.alpha > 0, "must be positive")
+        _check(self, "g_min", 0.0 <= self.g_min <= 1.0, "must be within [0, 1]")
+
+    def drafts(self, policy: Policy, batch: Sequence[Request], matches: list[Match]):
+        lengths = agentspec_lengths(
+            [(m.candidates, m.agree, m.agreed) if m.length else None for m in matches],
+            self.alpha, self.g_min)
+        return [m.tokens[:k] for m, k in zip(matches, lengths)]
+
+    def observe(self, policy: Policy, request: Request, drafted: int, accepted: int) -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class CostAware:
+    """Ours: per request, the candidate and length that gain most, expected accepted tokens
+    (the policy's `AcceptanceModel`) against what drafting them costs at this batch size.
+    Its switches: a frequency-weighted candidate over outputs beside the copy (`frequency`);
+    each draft token's curve knowing whether the other candidate agrees there (`agreement`)
+    and what kind of token it is (`token_classes`); every candidate scored against what the
+    target wrote, not only the draft sent (`score_all`). No Kmax cap: the acceptance model
+    conditions on match length, which separates long copies from short matches better."""
+
+    frequency: bool = False
+    agreement: bool = False
+    token_classes: bool = False
+    score_all: bool = False
+
+    def drafts(self, policy: Policy, batch: Sequence[Request], matches: list[Match]):
+        b = len(batch)
+        if b not in policy._costs:
+            policy._costs[b] = policy.draft_costs(b, policy.config.max_k)
+        costs = policy._costs[b]
+        drafts = []
+        for r, m in zip(batch, matches):
+            run = policy.running[r.id]
+            run.candidates = self._candidates(policy, r, m, run.source)
+            draft, gain, run.sent = [], 0.0, None
+            for c in run.candidates:
+                n, c_gain = policy.acceptance.plan(r.role, c.m, c.rows, len(c.rows), costs)
+                if c_gain > gain:
+                    draft, gain, run.sent = c.tokens[:n], c_gain, c
+            run.cost = float(costs[len(draft)])
+            drafts.append(draft)
+        return drafts
+
+    def _candidates(self, policy: Policy, r: Request, m: Match, source: str) -> list[Candidate]:
+        """The best copy, and with `frequency` the tree's most frequent continuation."""
+        max_k = policy.config.max_k
+        found = []
+        if m.length:
+            tokens = m.tokens[:max_k]
+            found.append(Candidate(tokens, m.length,
+                                   policy._rows(policy.acceptance.kind(source), tokens)))
+        if policy.tree is not None:
+            frequent = policy.tree.draft(r.tokens, max_k)
+            if frequent.tokens:
+                found.append(Candidate(
+                    frequent.tokens, frequent.match_len,
+                    policy._rows(policy._frequency_kinds[frequent.classes], frequent.tokens)))
+            if len(found) == 2 and self.agreement:
+                mark_agreement(*found)
+        return found
+
+    def observe(self, policy: Policy, request: Request, drafted: int, accepted: int) -> None:
+        # candidates are scored against what the target wrote: all of them, drafted or not
+        # (score_all), or the draft sent, up to the target's token after it
+        run = policy.running[request.id]
+        revealed = request.tokens[run.fed:]
+        scores = run.candidates if self.score_all else \
+            [replace(run.sent, tokens=run.sent.tokens[:drafted + 1])] if run.sent else []
+        for c in scores:
+            policy.acceptance.observe(request.role, c.m, *scored(c.tokens, revealed), c.rows)
+        policy.acceptance.charge(run.cost, accepted)
+
+
+# --- which corpus's match a request drafts from ------------------------------------------
+@dataclass(frozen=True)
+class Longest:
+    """AgSpec: S, W and block history compete on match length (a tie keeps the earlier:
+    block history, then S, then W); G wins only when longer by more than `delta`."""
+
+    delta: int = 5
+
+    def __post_init__(self) -> None:
+        _check(self, "delta", self.delta >= 0, "must be at least 0")
+
+    def choose(self, policy: Policy, request: Request,
+               found: list[tuple[str, Match]]) -> tuple[str, Match]:
+        best = ("", NO_MATCH)
+        for src, m in found:
+            if src != "G" and m.length > best[1].length:
+                best = (src, m)
+        g = next((m for src, m in found if src == "G"), None)
+        if g is not None and g.length > best[1].length + self.delta:
+            best = ("G", g)
+        return best
+
+
+@dataclass(frozen=True)
+class MostExpected:
+    """Ours: the match with the most expected accepted tokens under the acceptance model,
+    which keeps a curve per draft kind (corpus and agreement of its occurrences)."""
+
+    def choose(self, policy: Policy, request: Request,
+               found: list[tuple[str, Match]]) -> tuple[str, Match]:
+        if not found:
+            return "", NO_MATCH
+        kinds = [(draft_kind(src, m), m) for src, m in found]
+        return max(kinds, key=lambda c: policy.acceptance.expected(
+            request.role, c[1].length, c[0], min(len(c[1].tokens), policy.config.max_k)))
+
+
+LENGTHS = (Fixed, Alpha, Algorithm2, CostAware)
+CHOOSERS = (Longest, MostExpected)
+
+
 @dataclass(frozen=True)
 class PolicyConfig:
+    """One rung of the ladder: the corpora it drafts from, how it picks among their matches
+    (`choose`) and how long it drafts (`length`)."""
+
     name: str
     session: bool = True
     workspace: bool = False  # W, raw files
@@ -52,53 +222,31 @@ class PolicyConfig:
     isolate: bool = False  # drafts inside a block only from history of that block
     isolate_only: bool = False  # AgentSpec: block history is the only source
     follow: bool = False  # keep reading a continuation while the output copies it
-    # with length="cost": a frequency-weighted candidate over outputs beside the copy; each
-    # draft token's curve knowing whether the other candidate agrees there (agreement) and
-    # what kind of token it is (token_classes); every candidate scored against the target,
-    # not only the draft sent (score_all)
-    frequency: bool = False
-    agreement: bool = False
-    token_classes: bool = False
-    score_all: bool = False
-    # how S, W, G compete: "length" (AgSpec: longest match, G only when longer by > delta)
-    # or "expected" (ours: the most expected accepted tokens under the acceptance model)
-    choose: str = "length"
-    length: str = "fixed"  # fixed | alpha | algorithm2 | cost
-    fixed_k: int = 10
+    choose: Longest | MostExpected = field(default_factory=Longest)
+    length: Fixed | Alpha | Algorithm2 | CostAware = field(default_factory=Fixed)
     max_k: int = 64
-    delta: int = 5
     lam: float = 0.2
-    alg2_alpha: float = 32.0
-    g_min: float = 0.3
     s_max_tokens: int = 4_000_000
     g_max_tokens: int = 20_000_000
 
     def __post_init__(self) -> None:
-        """A bad strategy name or value fails here, naming it, never silently later."""
+        """A bad strategy or value fails here, naming it, never silently later."""
         def bad(field_: str, why: str) -> None:
             raise ValueError(f"policy {self.name!r}: {field_}={getattr(self, field_)!r} {why}")
 
-        if self.length not in LENGTHS:
-            bad("length", f"is not one of {', '.join(LENGTHS)}")
-        if self.choose not in CHOOSERS:
-            bad("choose", f"is not one of {', '.join(CHOOSERS)}")
-        if (self.frequency or self.agreement or self.score_all or self.choose == "expected") \
-                and self.length != "cost":  # these read and train the cost-aware model
-            bad("length", "must be 'cost' for the expected chooser, the frequency candidate "
-                "and their scoring")
-        for field_ in ("fixed_k", "max_k", "s_max_tokens", "g_max_tokens"):
+        if not isinstance(self.length, LENGTHS):
+            bad("length", f"is not a length strategy ({', '.join(c.__name__ for c in LENGTHS)})")
+        if not isinstance(self.choose, CHOOSERS):
+            bad("choose", f"is not a chooser ({', '.join(c.__name__ for c in CHOOSERS)})")
+        if isinstance(self.choose, MostExpected) and not isinstance(self.length, CostAware):
+            bad("length", "must be CostAware with the MostExpected chooser: both read the "
+                "acceptance model only CostAware trains")
+        for field_ in ("max_k", "s_max_tokens", "g_max_tokens"):
             if getattr(self, field_) < 1:
                 bad(field_, "must be at least 1")
         # a measured lambda may pass 1 (a tiny model on a CPU): it only makes drafts dear
         if not 0.0 <= self.lam < float("inf"):
             bad("lam", "must be a number >= 0")
-        if self.delta < 0 or self.alg2_alpha <= 0 or not 0.0 <= self.g_min <= 1.0:
-            bad("delta" if self.delta < 0 else "alg2_alpha" if self.alg2_alpha <= 0
-                else "g_min", "is out of range")
-
-
-LENGTHS = ("fixed", "alpha", "algorithm2", "cost")
-CHOOSERS = ("length", "expected")
 
 
 @dataclass
@@ -178,7 +326,7 @@ class Policy:
         self.controller = Controller(lam=config.lam, kmax=dict(kmax.kmax) if kmax else {})
         # lambda at a batch size (a cost profile's lambda(b)); else config.lam at every size
         self.lam_at = lam_at or (lambda b: config.lam)
-        self.acceptance = CostAware(max_k=config.max_k, prior=kmax.hazard if kmax else None)
+        self.acceptance = AcceptanceModel(max_k=config.max_k, prior=kmax.hazard if kmax else None)
         self.sessions: dict[str, _Session] = {}
         self.running: dict[str, _Running] = {}
         self.warnings: list[str] = []
@@ -187,10 +335,12 @@ class Policy:
             self.g.extend(tokens)
             self.g.end_document()
         self.tree: FrequencyTree | None = None  # over every output
+        cost = config.length if isinstance(config.length, CostAware) else CostAware()
         # each token's class (see allocator.MODIFIERS); all one class without a tokenizer
         self.token_classes = token_classes(token_bytes) \
-            if token_bytes and config.token_classes else None
-        if config.frequency:
+            if token_bytes and cost.token_classes else None
+        self._frequency = cost.frequency
+        if cost.frequency:
             try:
                 self.tree = FrequencyTree()
             except FrequencyUnavailable as e:
@@ -204,7 +354,7 @@ class Policy:
     @property
     def global_seed_outputs(self) -> int:
         """How many past outputs this policy was given (0 when it uses none)."""
-        return self._seeded if self.g is not None or self.config.frequency else 0
+        return self._seeded if self.g is not None or self._frequency else 0
 
     # --- text the session saw -------------------------------------------------------
     def _session(self, sid: str) -> _Session:
@@ -307,21 +457,7 @@ class Policy:
         return m
 
     def _retrieve(self, request: Request, run: _Running, k: int) -> tuple[str, Match]:
-        found = self._candidates(request, run, k)
-        if self.config.choose == "expected":
-            if not found:
-                return "", NO_MATCH
-            found = [(draft_kind(src, m), m) for src, m in found]
-            return max(found, key=lambda c: self.acceptance.expected(
-                request.role, c[1].length, c[0], min(len(c[1].tokens), self.config.max_k)))
-        best = ("", NO_MATCH)
-        for src, m in found:  # block history first, then S, W: ties keep the earlier
-            if src != "G" and m.length > best[1].length:
-                best = (src, m)
-        g = next((m for src, m in found if src == "G"), None)
-        if g is not None and g.length > best[1].length + self.config.delta:
-            best = ("G", g)
-        return best
+        return self.config.choose.choose(self, request, self._candidates(request, run, k))
 
     def _follow(self, run: _Running, new: list[int]) -> Match | None:
         """While the output keeps copying the last continuation, keep reading it: the
@@ -343,53 +479,7 @@ class Policy:
                 run.source, followed = self._retrieve(r, run, cfg.max_k)
             run.match = followed
             matches.append(followed)
-        if cfg.length == "fixed":
-            lengths = [cfg.fixed_k if m.length else 0 for m in matches]
-        elif cfg.length == "alpha":
-            self.controller.lam = self.lam_at(len(batch))
-            lengths = [self.controller.length(r.role, m.length) for r, m in zip(batch, matches)]
-        elif cfg.length == "algorithm2":
-            lengths = agentspec_lengths(
-                [(m.candidates, m.agree, m.agreed) if m.length else None for m in matches],
-                cfg.alg2_alpha, cfg.g_min)
-        else:
-            return self._cost_drafts(batch, matches)
-        return [m.tokens[:k] for m, k in zip(matches, lengths)]
-
-    def _cost_drafts(self, batch: Sequence[Request], matches: list[Match]) -> list[list[int]]:
-        """Per request, the candidate (best copy, or the frequency draft) and length that
-        gain most: expected accepted tokens against what drafting them costs at this batch
-        size. No Kmax cap: the acceptance model conditions on match length, which separates
-        long copies from short matches better than a per-role cap."""
-        cfg = self.config
-        b = len(batch)
-        if b not in self._costs:
-            self._costs[b] = self.draft_costs(b, cfg.max_k)
-        costs = self._costs[b]
-        drafts = []
-        for r, m in zip(batch, matches):
-            run = self.running[r.id]
-            run.candidates = []
-            if m.length:
-                tokens = m.tokens[:cfg.max_k]
-                run.candidates.append(Candidate(tokens, m.length, self._rows(
-                    self.acceptance.kind(run.source), tokens)))
-            if self.tree is not None:
-                frequent = self.tree.draft(r.tokens, cfg.max_k)
-                if frequent.tokens:
-                    run.candidates.append(Candidate(
-                        frequent.tokens, frequent.match_len,
-                        self._rows(self._frequency_kinds[frequent.classes], frequent.tokens)))
-                if len(run.candidates) == 2 and cfg.agreement:
-                    mark_agreement(*run.candidates)
-            draft, gain, run.sent = [], 0.0, None
-            for c in run.candidates:
-                n, c_gain = self.acceptance.plan(r.role, c.m, c.rows, len(c.rows), costs)
-                if c_gain > gain:
-                    draft, gain, run.sent = c.tokens[:n], c_gain, c
-            run.cost = float(costs[len(draft)])
-            drafts.append(draft)
-        return drafts
+        return cfg.length.drafts(self, batch, matches)
 
     def _rows(self, kinds: int | np.ndarray, tokens: list[int]) -> np.ndarray:
         """Each draft token's row in the acceptance model: its kind, alone, and its class."""
@@ -398,19 +488,7 @@ class Policy:
         return kinds + self.token_classes[np.minimum(tokens, len(self.token_classes) - 1)]
 
     def observe(self, request: Request, drafted: int, accepted: int) -> None:
-        run = self.running[request.id]
-        cfg = self.config
-        if cfg.length == "alpha":
-            self.controller.update(request.role, drafted, accepted)
-        if cfg.length == "cost":
-            # candidates are scored against what the target wrote: all of them, drafted or
-            # not (score_all), or the draft sent, up to the target's token after it
-            revealed = request.tokens[run.fed:]
-            scores = run.candidates if cfg.score_all else \
-                [replace(run.sent, tokens=run.sent.tokens[:drafted + 1])] if run.sent else []
-            for c in scores:
-                self.acceptance.observe(request.role, c.m, *scored(c.tokens, revealed), c.rows)
-            self.acceptance.charge(run.cost, accepted)
+        self.config.length.observe(self, request, drafted, accepted)
 
     def finish(self, request: Request) -> None:
         run = self.running.pop(request.id)
@@ -435,24 +513,28 @@ def ladder(lam: float = 0.2) -> dict[str, PolicyConfig]:
     workspace = replace(session, name="workspace", workspace=True)
     emission = replace(workspace, name="emission", emission=True)
     glob = replace(emission, name="global", global_=True)
-    full = replace(glob, name="full", isolate=True, follow=True, choose="expected",
-                   length="cost", lam=lam, frequency=True, agreement=True, token_classes=True,
-                   score_all=True)
+    cost = CostAware(frequency=True, agreement=True, token_classes=True, score_all=True)
+    full = replace(glob, name="full", isolate=True, follow=True, choose=MostExpected(),
+                   length=cost, lam=lam)
     return {
         "session": session,
         "workspace": workspace,
         "emission": emission,
         "global": glob,
-        "fixed32": replace(glob, name="fixed32", fixed_k=32),
-        "agspec": replace(glob, name="agspec", length="alpha", lam=lam),
+        "fixed32": replace(glob, name="fixed32", length=Fixed(32)),
+        "agspec": replace(glob, name="agspec", length=Alpha(), lam=lam),
         "agentspec-s": PolicyConfig("agentspec-s", session=False, isolate=True,
                                     isolate_only=True),
         "agentspec": PolicyConfig("agentspec", session=False, isolate=True, isolate_only=True,
-                                  length="algorithm2"),
+                                  length=Algorithm2()),
         "full": full,
         # full with each of its newer mechanisms switched off, one at a time
-        "full-no-frequency": replace(full, name="full-no-frequency", frequency=False),
-        "full-no-agreement": replace(full, name="full-no-agreement", agreement=False),
-        "full-no-classes": replace(full, name="full-no-classes", token_classes=False),
-        "full-sent-only": replace(full, name="full-sent-only", score_all=False),
+        "full-no-frequency": replace(full, name="full-no-frequency",
+                                     length=replace(cost, frequency=False)),
+        "full-no-agreement": replace(full, name="full-no-agreement",
+                                     length=replace(cost, agreement=False)),
+        "full-no-classes": replace(full, name="full-no-classes",
+                                   length=replace(cost, token_classes=False)),
+        "full-sent-only": replace(full, name="full-sent-only",
+                                  length=replace(cost, score_all=False)),
     }

@@ -6,21 +6,24 @@
 #
 # MODEL: a model folder or a Hugging Face id already in the local cache (default: the
 # embedded smollm2-135m); TRACES: agentspec.trace/1 sessions (default:
-# ../shared/traces/acr-run-1.jsonl.gz). Needs vLLM in agentspec's Python or in
-# $AGENTSPEC_VLLM_PYTHON. Sizes: SESSIONS (64), MAX_TOKENS (256), MAX_PROMPT_TOKENS (4096),
+# ../shared/traces/acr-run-1.jsonl.gz). It first runs scripts/setup.sh, which on a Linux box
+# with an NVIDIA GPU puts vLLM's CUDA build (the tested version) into .venv-vllm; steps
+# already done are skipped. Sizes: SESSIONS (64), MAX_TOKENS (256), MAX_PROMPT_TOKENS (4096),
 # BATCHES (1,16,64), METHODS (plain,ngram,suffix,full).
-# Writes OUTDIR/lambda.{json,png} and OUTDIR/bench.bN.{json,png}, one pair per batch size.
+# Prints the lambda table, then per batch size the bench table (tokens/s, speedup over plain,
+# AL, identical outputs); writes OUTDIR/lambda.{json,png} and OUTDIR/bench.bN.{json,png}.
 set -euo pipefail
 if [ $# -lt 1 ] || [ $# -gt 3 ]; then
   echo "usage: $0 OUTDIR [MODEL] [TRACES]" >&2
   exit 2
 fi
 repo=$(cd "$(dirname "$0")/.." && pwd)
+bash "$repo/scripts/setup.sh"
 out=$1
 model=${2:-smollm2-135m}
 traces=${3:-$repo/../shared/traces/acr-run-1.jsonl.gz}
 batches=${BATCHES:-1,16,64}
-if [ -x "$repo/.venv/bin/agentspec" ]; then agentspec="$repo/.venv/bin/agentspec"; else agentspec=agentspec; fi
+agentspec="$repo/.venv/bin/agentspec"
 mkdir -p "$out"
 
 "$agentspec" profile-lambda --backend vllm --model "$model" --batch "$batches" \

@@ -13,11 +13,12 @@ import numpy as np
 import pytest
 
 from agentspec import allocator
-from agentspec.allocator import AGREED, MODIFIERS, SPLIT, TOKEN_CLASSES, CostAware, token_classes
+from agentspec.allocator import AGREED, MODIFIERS, SPLIT, TOKEN_CLASSES, AcceptanceModel, token_classes
 from agentspec.costs import linear_costs
 from agentspec.drafter import PROMPT, Request
 from agentspec.frequency import FREQUENCY_CLASSES, FrequencyTree
-from agentspec.policy import Candidate, Policy, PolicyConfig, ladder, mark_agreement
+from agentspec.policy import (Candidate, CostAware, Fixed, MostExpected, Policy, PolicyConfig,
+                              ladder, mark_agreement)
 
 try:  # the numba kernels, tested even where AGENTSPEC_NO_NUMBA=1 turned them off
     from agentspec import _accept_nb
@@ -103,7 +104,7 @@ def test_agreement_marks_the_shared_path_and_where_the_two_part():
 
 
 def test_each_row_learns_apart_from_the_others():
-    model = CostAware(max_k=8)
+    model = AcceptanceModel(max_k=8)
     base = model.kind("F1")
     alone, agreed = np.full(4, base), np.full(4, base + AGREED * TOKEN_CLASSES)
     for _ in range(300):
@@ -122,7 +123,7 @@ def test_kernels_equal_the_numpy_reference(monkeypatch):
     for kernels in (None, _accept_nb):
         monkeypatch.setattr(allocator, "_nb", kernels)
         rng = np.random.default_rng(0)
-        model, answers = CostAware(max_k=64), []
+        model, answers = AcceptanceModel(max_k=64), []
         for step in range(400):
             kind = model.kind(["S1", "G=", "F1", "F<.4"][step % 4])
             n = int(rng.integers(1, 40))
@@ -142,7 +143,7 @@ def test_kernels_equal_the_numpy_reference(monkeypatch):
 def test_numpy_path_is_the_fallback():
     code = ("from agentspec import allocator\n"
             "assert allocator._nb is None\n"
-            "m = allocator.CostAware()\n"
+            "m = allocator.AcceptanceModel()\n"
             "m.observe('code', 4, 3, 3, 'S1')\n"
             "assert m.length('code', 4, 8, allocator.np.zeros(9)) == 8\n")
     subprocess.run([sys.executable, "-c", code], check=True,
@@ -182,6 +183,6 @@ def test_a_frequency_source_the_model_never_follows_stops_drafting():
 
 
 def test_frequency_is_a_rung_switch_and_copies_alone_stay_as_they_were():
-    assert ladder()["full"].frequency and not ladder()["global"].frequency
-    p = Policy(PolicyConfig("x", global_=True, choose="expected", length="cost"))
+    assert ladder()["full"].length.frequency and isinstance(ladder()["global"].length, Fixed)
+    p = Policy(PolicyConfig("x", global_=True, choose=MostExpected(), length=CostAware()))
     assert p.tree is None and not p.warnings

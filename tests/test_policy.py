@@ -1,17 +1,19 @@
 import json
 import math
+import re
 from dataclasses import replace
 
 import numpy as np
 import pytest
 
-from agentspec.allocator import (COPY_BINS, CostAware, agentspec_lengths, copy_bin, hazard_counts,
-                                 redundancy)
+from agentspec.allocator import (COPY_BINS, AcceptanceModel, agentspec_lengths, copy_bin,
+                                 hazard_counts, redundancy)
 from agentspec.controller import Controller, KmaxError, KmaxTable, load_kmax
 from agentspec.costs import BatchCost, CostProfile, linear_costs
 from agentspec.drafter import FILE, PROMPT, TOOL, Request
 from agentspec.match import Match
-from agentspec.policy import Policy, PolicyConfig, draft_kind, emission_forms, ladder
+from agentspec.policy import (Algorithm2, CostAware, Fixed, Longest, MostExpected, Policy,
+                              PolicyConfig, draft_kind, emission_forms, ladder)
 from agentspec.tokens import CHATML, ChatTokenizer
 from conftest import tiny_tokenizer
 
@@ -70,7 +72,7 @@ def test_kmax_hazard_by_copy_length():
     assert trials[copy_bin(2)] == 2 and hits[copy_bin(2)] == 0
     assert trials[copy_bin(25)] == hits[copy_bin(25)] == 2
     # the prior makes the allocator draft long copies long and short matches not at all
-    model = CostAware(max_k=32, prior=t.hazard)
+    model = AcceptanceModel(max_k=32, prior=t.hazard)
     assert model.length("code", 20, cap=32, costs=linear_costs(0.3, 32)) >= 28
     assert model.length("code", 2, cap=32, costs=linear_costs(0.3, 32)) == 0
     # a copy followed past what the profile saw keeps the last hazard it knew
@@ -111,12 +113,12 @@ def test_redundancy_and_algorithm2():
 
 
 def test_cost_aware_learns_acceptance():
-    model = CostAware(max_k=16)
+    model = AcceptanceModel(max_k=16)
     costs = linear_costs(0.2, 16)
     assert model.rate == 1.0  # no history
     model.charge(0.2 * 4, accepted=4)
     assert model.rate > 1.0  # faster than plain: the bar rises with R
-    slow = CostAware(max_k=16)
+    slow = AcceptanceModel(max_k=16)
     for _ in range(50):
         slow.charge(0.2 * 16, accepted=0)  # long drafts all rejected
     assert slow.rate == 1.0  # never below plain's rate: waste does not make drafts cheaper
@@ -135,7 +137,7 @@ def test_cost_aware_learns_acceptance():
 
 def test_a_rarely_seen_source_borrows_what_the_model_does_elsewhere():
     prior = {"code": ([16.0] * COPY_BINS, [15.0] * COPY_BINS)}  # the traces: copies hold
-    model = CostAware(max_k=8, prior=prior)
+    model = AcceptanceModel(max_k=8, prior=prior)
     assert model.accept_probs("code", 5, "G1", 1)[0] == pytest.approx(15 / 16)
     for _ in range(300):  # the model being served breaks copies of S at length 5
         model.observe("code", 5, known=1, matched=0, source="S1")
@@ -150,7 +152,7 @@ def test_a_rarely_seen_source_borrows_what_the_model_does_elsewhere():
 
 
 def test_copies_of_neighbouring_lengths_learn_together():
-    model = CostAware(max_k=8)
+    model = AcceptanceModel(max_k=8)
     far = model.accept_probs("code", 30, n=1)[0]
     for _ in range(200):  # copies of length 10 break
         model.observe("code", 10, known=1, matched=0)
@@ -159,7 +161,7 @@ def test_copies_of_neighbouring_lengths_learn_together():
 
 
 def test_cost_aware_drafts_where_the_measured_cost_curve_pays():
-    model = CostAware(max_k=16)
+    model = AcceptanceModel(max_k=16)
     for _ in range(300):  # every token accepted with probability 0.9
         model.observe("code", 8, known=16, matched=16)
     p = model.accept_probs("code", 8, n=16)
@@ -208,7 +210,7 @@ def test_every_rung_plans_with_lambda_of_the_batch_size_it_runs_at():
 
 
 def test_the_token_after_a_fully_accepted_draft_teaches_the_next_position():
-    model = CostAware(max_k=8, prior_weight=4)
+    model = AcceptanceModel(max_k=8, prior_weight=4)
     before = model.accept_probs("code", 40)[2]
     for _ in range(50):
         model.observe("code", 40, known=3, matched=3)
@@ -239,12 +241,12 @@ def test_drafts_grow_while_the_output_keeps_copying():
 def test_an_output_repeating_itself_is_drafted_past_its_period():
     loop = [7, 8, 9]
     for follow, draft in ((False, loop), (True, (loop * 4)[:10])):
-        p = Policy(PolicyConfig("x", fixed_k=10, follow=follow))
+        p = Policy(PolicyConfig("x", length=Fixed(10), follow=follow))
         r = request("r", "A", [1, 2, 3, 4], output=loop * 3)
         p.start(r)
         assert p.propose([r])[0] == draft
     # a continuation that stops at a document's end is not a loop
-    p = Policy(PolicyConfig("x", fixed_k=10, follow=True))
+    p = Policy(PolicyConfig("x", length=Fixed(10), follow=True))
     p.register("A", PROMPT, [5, 6, 7, 8, 9])
     r = request("r", "A", [5, 6])
     p.start(r)
@@ -258,7 +260,7 @@ def request(rid, session, tokens, role="code", output=()):
 
 
 def test_session_corpus_drafts_from_earlier_prompts_and_outputs():
-    p = Policy(PolicyConfig("session", fixed_k=4))
+    p = Policy(PolicyConfig("session", length=Fixed(4)))
     p.register("A", PROMPT, [1, 2, 3, 4, 5, 6, 7, 8])
     r = request("r1", "A", [9, 1, 2, 3])
     p.start(r)
@@ -278,7 +280,7 @@ def test_session_corpus_drafts_from_earlier_prompts_and_outputs():
 
 
 def test_global_needs_a_match_longer_by_more_than_delta():
-    cfg = PolicyConfig("global", global_=True, fixed_k=3, delta=5)
+    cfg = PolicyConfig("global", global_=True, length=Fixed(3), choose=Longest(5))
     seed = [[10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23]]
     p = Policy(cfg, global_seed=seed)
     p.register("A", PROMPT, [16, 17, 90, 91, 92])  # S matches 2 tokens
@@ -305,9 +307,9 @@ def test_workspace_and_emission_forms():
         p.start(r)
         return p.propose([r])[0]
 
-    raw = draft(PolicyConfig("workspace", session=False, workspace=True, fixed_k=len(target)))
+    raw = draft(PolicyConfig("workspace", session=False, workspace=True, length=Fixed(len(target))))
     diff = draft(PolicyConfig("emission", session=False, workspace=True, emission=True,
-                              fixed_k=len(target)))
+                              length=Fixed(len(target))))
     assert diff == target and raw != target
 
 
@@ -350,7 +352,7 @@ def test_bad_structure_affects_only_that_request():
 
 
 def test_expected_chooser_prefers_the_corpus_that_gets_accepted():
-    cfg = PolicyConfig("x", global_=True, choose="expected", length="cost", lam=0.1)
+    cfg = PolicyConfig("x", global_=True, choose=MostExpected(), length=CostAware(), lam=0.1)
     p = Policy(cfg, global_seed=[[1, 2, 3, 7, 7, 7, 7, 7]])
     p.register("A", PROMPT, [1, 2, 3, 4, 5, 6])  # S and G both match [1, 2, 3]
     for _ in range(200):  # history: S's drafts fail, G's hold
@@ -369,7 +371,8 @@ def test_draft_kind_tells_agreeing_occurrences_from_a_vote():
     assert draft_kind("G", replace(one, candidates=3, agree=2)) == "G~"
     # the policy learns each kind apart: a split vote in S does not discredit S's
     # unanimous continuations (copies only: no frequency candidate)
-    p = Policy(replace(ladder()["full"], frequency=False))
+    full = ladder()["full"]
+    p = Policy(replace(full, length=replace(full.length, frequency=False)))
     p.register("A", PROMPT, [1, 2, 3, 4, 5, 6, 1, 2, 3, 4, 5, 6, 7, 8, 9, 4, 7, 8, 9, 5])
     for _ in range(200):
         p.acceptance.observe("code", 3, known=4, matched=0, source="S~")
@@ -384,14 +387,25 @@ def test_draft_kind_tells_agreeing_occurrences_from_a_vote():
 
 
 @pytest.mark.parametrize("change, named", [
-    ({"length": "costly"}, "length='costly' is not one of fixed, alpha, algorithm2, cost"),
-    ({"choose": "best"}, "choose='best'"),
-    ({"frequency": True}, "length='fixed' must be 'cost'"),
-    ({"max_k": 0}, "max_k=0 must be at least 1"),
-    ({"lam": -0.5}, "lam=-0.5 must be a number >= 0"),
-    ({"lam": float("nan")}, "lam=nan"),
-    ({"delta": -1}, "delta=-1"),
+    ({"length": "costly"}, "policy 'x': length='costly' is not a length strategy (Fixed, Alpha, "
+                           "Algorithm2, CostAware)"),
+    ({"choose": "best"}, "policy 'x': choose='best' is not a chooser (Longest, MostExpected)"),
+    ({"choose": MostExpected()}, "policy 'x': length=Fixed(k=10) must be CostAware"),
+    ({"max_k": 0}, "policy 'x': max_k=0 must be at least 1"),
+    ({"lam": -0.5}, "policy 'x': lam=-0.5 must be a number >= 0"),
+    ({"lam": float("nan")}, "policy 'x': lam=nan"),
 ])
 def test_a_bad_strategy_fails_at_construction_naming_it(change, named):
-    with pytest.raises(ValueError, match="policy 'x': " + named.replace("(", r"\(")):
+    with pytest.raises(ValueError, match=re.escape(named)):
         PolicyConfig("x", **change)
+
+
+@pytest.mark.parametrize("make, named", [
+    (lambda: Fixed(0), "Fixed: k=0 must be at least 1"),
+    (lambda: Longest(-1), "Longest: delta=-1 must be at least 0"),
+    (lambda: Algorithm2(alpha=0), "Algorithm2: alpha=0 must be positive"),
+    (lambda: Algorithm2(g_min=2.0), "Algorithm2: g_min=2.0 must be within [0, 1]"),
+])
+def test_a_bad_strategy_value_fails_naming_the_strategy(make, named):
+    with pytest.raises(ValueError, match=re.escape(named)):
+        make()
