@@ -44,7 +44,7 @@ from minisweagent.exceptions import LimitsExceeded, Submitted  # noqa: E402
 from minisweagent.models.litellm_textbased_model import LitellmTextbasedModel  # noqa: E402
 
 from agentspec.agents.tasks import Task, TaskError, list_tasks, load_task  # noqa: E402
-from agentspec.agents.tools import copy_repo, tail  # noqa: E402
+from agentspec.agents.tools import copy_repo  # noqa: E402
 
 litellm.suppress_debug_info = True
 
@@ -353,10 +353,10 @@ def main(argv: list[str] | None = None) -> None:
         tasks = pick_tasks(args.tasks)
         servers = {"plain": Server("plain", args.plain.rstrip("/")).connect(),
                    "full": Server("full", args.full.rstrip("/")).connect()}
+        s = run(tasks, servers, args.out, steps=args.steps, max_tokens=args.max_tokens,
+                command_timeout=args.command_timeout, say=lambda m: print(m, flush=True))
     except DriverError as e:
         sys.exit(f"error: {e}")
-    s = run(tasks, servers, args.out, steps=args.steps, max_tokens=args.max_tokens,
-            command_timeout=args.command_timeout, say=lambda m: print(m, flush=True))
     for m, e in s["methods"].items():
         print(f"{m}: {e['tokens_per_s']} tokens/s, speedup {e['speedup']}, AL {e['al']}, "
               f"identical {e['identical_to_plain']}")

@@ -35,7 +35,8 @@ trap 'exit 130' INT TERM
 # serve METHOD: start a server on a free port, wait for its /health; sets $url
 serve() {
   local port
-  port=$(.venv/bin/python -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  port=$(.venv/bin/python -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0))
+print(s.getsockname()[1])')
   # shellcheck disable=SC2086
   .venv/bin/agentspec serve --method "$1" --port "$port" ${SERVE_ARGS:-} >"$OUT/serve-$1.log" 2>&1 &
   pids+=($!)
