@@ -15,9 +15,9 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 
 case "$(uname -s)" in
-  Linux) extras="dev,bench,mlx,serve" ;;
-  Darwin) extras="dev,bench,mlx,serve" ;;
-  *) extras="dev,bench,serve" ;;
+  Linux) extras="dev,bench,mlx,serve,agent" ;;
+  Darwin) extras="dev,bench,mlx,serve,agent" ;;
+  *) extras="dev,bench,serve,agent" ;;
 esac
 
 # torch is only needed to build arctic-inference (its setup.py imports it); 2.13.0 is the
@@ -47,6 +47,17 @@ if [ "$(uname -s)" = Linux ]; then
   else
     echo "[setup] note: install libopenblas0-pthread (apt-get, as root) for fast float32 MLX on CPU;" \
          "without it MLX uses its slow reference BLAS"
+  fi
+fi
+
+# scripts/real_agent.sh runs a third-party agent's shell commands in a bubblewrap sandbox
+if [ "$(uname -s)" = Linux ] && ! command -v bwrap >/dev/null 2>&1; then
+  if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    echo "[setup] installing bubblewrap (the sandbox of scripts/real_agent.sh)"
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap; } \
+      >/dev/null 2>&1 || echo "[setup] note: could not install bubblewrap; scripts/real_agent.sh needs it"
+  else
+    echo "[setup] note: install bubblewrap (apt-get, as root) for scripts/real_agent.sh"
   fi
 fi
 
