@@ -3,7 +3,7 @@
 mini-swe-agent (the SWE-agent team's agent) runs unchanged: its DefaultAgent with its own
 text-based config, and its litellm model pointed at the OpenAI-compatible servers, which see
 an ordinary client (no agentspec metadata: the server infers each task's session from the
-chat's leading messages). Every model call is sent to the `full` and the `plain` server in
+prompt each call continues). Every model call is sent to the `full` and the `plain` server in
 turn, non-streaming and one at a time; the texts must be identical, and each call's tokens,
 seconds and acceptance length (from the servers' /metrics) go to a per-call log. The agent
 goes on with the `full` answer.

@@ -100,13 +100,9 @@ def bench(
 ) -> None:
     """Replay recorded agent sessions with each drafting method and compare them.
 
-    Methods: baselines [b]plain[/], [b]ngram[/] (vLLM's), [b]suffix[/] (arctic-inference, as
-    vLLM runs it, its tree of responses holding the past outputs every method is given) and
-    [b]suffix-cold[/] (an empty tree); the ladder [b]session[/], [b]workspace[/],
-    [b]emission[/], [b]global[/], [b]fixed32[/], [b]agspec[/], [b]agentspec-s[/],
-    [b]agentspec[/], and [b]full[/] (our default); [b]full-no-frequency[/],
-    [b]full-no-agreement[/], [b]full-no-classes[/], [b]full-sent-only[/] switch one of full's
-    mechanisms off.
+    Methods: baselines [b]plain[/], [b]ngram[/] (vLLM's), [b]suffix[/] (arctic-inference as
+    vLLM runs it, given the past outputs every method gets), [b]suffix-cold[/]; the ladder
+    [b]session[/] ... [b]full[/] (our default) and full's ablations (docs/ladder.md).
 
     [b]Examples[/b]
 
@@ -121,18 +117,14 @@ def bench(
     extra = [a for a in ctx.args]
     if any(a.startswith("-") for a in extra):
         fail(f"unknown option {next(a for a in extra if a.startswith('-'))}")
-    if backend not in BENCH_BACKENDS:
-        fail(f"backend {backend!r} is not available; this build has: {', '.join(BENCH_BACKENDS)}")
     try:
         run = _load_bench(backend, list(traces) + [Path(a) for a in extra], sessions=sessions,
                           seed=seed, methods=methods, batch=batch, model=model,
                           cost_profile=cost_profile, lam=lam, kmax=kmax, structure=structure,
-                          profile_sessions=profile_sessions, split=split, dtype=dtype)
+                          profile_sessions=profile_sessions, split=split, dtype=dtype,
+                          urls=(url, plain_url))
     except _user_errors() as e:
         fail(str(e))
-    if (backend == "http") != bool(url and plain_url):
-        fail("--backend http measures the server at --url against the one at --plain-url; "
-             "give both" if backend == "http" else "--url and --plain-url go with --backend http")
     BENCH_BACKENDS[backend](run, json_out=json_out, plot_out=plot_out, max_tokens=max_tokens,
                             max_prompt_tokens=max_prompt_tokens, url=url, plain_url=plain_url)
 
@@ -154,9 +146,9 @@ class BenchRun:
 
 
 def _load_bench(backend: str, traces: list[Path], *, sessions, seed, methods, batch, model,
-                cost_profile, lam, kmax, structure, profile_sessions, split,
-                dtype) -> BenchRun:
-    """Parse the options, read and split the traces, tokenize, profile Kmax: a BenchRun."""
+                cost_profile, lam, kmax, structure, profile_sessions, split, dtype,
+                urls) -> BenchRun:
+    """Check the options, read and split the traces, tokenize, profile Kmax: a BenchRun."""
     from agentspec.models import resolve
     from agentspec.bench import (BenchError, BenchSetup, parse_batches, parse_methods,
                                  pick_sessions, split_by_task)
@@ -168,6 +160,13 @@ def _load_bench(backend: str, traces: list[Path], *, sessions, seed, methods, ba
     from agentspec.tokens import ChatTokenizer, tokenize_sessions
     from agentspec.trace import read_sessions
 
+    if backend not in BENCH_BACKENDS:
+        raise BenchError(f"backend {backend!r} is not available; this build has: "
+                         f"{', '.join(BENCH_BACKENDS)}")
+    if (backend == "http") != all(urls):
+        raise BenchError("--backend http measures the server at --url against the one at "
+                         "--plain-url; give both" if backend == "http" else
+                         "--url and --plain-url go with --backend http")
     names, sizes = parse_methods(methods), parse_batches(batch)
     if len(sizes) > 1 and backend not in ("vllm", "http"):
         raise BenchError("--batch takes several sizes only with --backend vllm or http")
@@ -581,36 +580,10 @@ def run_agent_cmd(
 
       agentspec run-agent --all --model mlx-community/Qwen2.5-Coder-7B-Instruct-4bit --dtype keep
     """
-    from agentspec.agents.tasks import TaskError, list_tasks, load_task
-    from agentspec.bench import method_names
-
-    if method not in method_names():
-        fail(f"unknown method {method!r}; choose from {', '.join(method_names())}")
-    if bool(task) == all_tasks:
-        fail("name one task with --task, or run them all with --all")
-    if plain_url and not url:
-        fail("--plain-url goes with --url")
-    try:
-        tasks = list_tasks("eval")[:max_tasks] if all_tasks else [load_task(task)]
-    except TaskError as e:
-        fail(str(e))
+    tasks = _agent_tasks(task, all_tasks, max_tasks, method, url, plain_url)
     beat = Heartbeat(console, every_s=25.0)
     spent: dict[str, list[float]] = {}  # session -> [tokens, seconds]
-
-    def show(c) -> None:
-        spent.setdefault(c.session, [0, 0.0])
-        spent[c.session][0] += c.tokens
-        spent[c.session][1] += c.seconds
-        rate = c.tokens / c.seconds if c.seconds else 0.0
-        al = "   -" if c.al is None else f"{c.al:5.2f}"
-        line = f"  {c.turn}:{c.role:<8} {c.tokens:4d} tok {rate:6.1f} tok/s AL {al}"
-        if c.plain_seconds is not None:
-            plain = c.tokens / c.plain_seconds if c.plain_seconds else 0.0
-            same = "identical" if c.identical else "[red]DIFFERENT[/]"
-            line += f"  plain {plain:6.1f} tok/s {same}"
-        console.print(line, highlight=False)
-        beat.touch()
-
+    show = _call_printer(beat, spent)
     try:
         if url:
             llm, about, call_errors = _http_agent_llm(url, plain_url, model, max_tokens, show)
@@ -628,15 +601,55 @@ def run_agent_cmd(
                    {"task": name, "solved": False, "turns": 0, "error": err}
                    for name, err in errors.items()],
                "methods": llm.report()}
-    json_out = json_out or out_dir / "summary.json"
+    _write_agent_run(summary, results, out_dir, json_out or out_dir / "summary.json")
+    _print_agent_summary(summary, results, errors, spent, len(tasks),
+                         f"{about['model']} · method {about['method']}")
+
+
+def _agent_tasks(task, all_tasks, max_tasks, method, url, plain_url) -> list:
+    """The tasks run-agent runs, after checking its options (one message on bad input)."""
+    from agentspec.agents.tasks import TaskError, list_tasks, load_task
+    from agentspec.bench import method_names
+
+    if method not in method_names():
+        fail(f"unknown method {method!r}; choose from {', '.join(method_names())}")
+    if bool(task) == all_tasks:
+        fail("name one task with --task, or run them all with --all")
+    if plain_url and not url:
+        fail("--plain-url goes with --url")
+    try:
+        return list_tasks("eval")[:max_tasks] if all_tasks else [load_task(task)]
+    except TaskError as e:
+        fail(str(e))
+
+
+def _call_printer(beat: "Heartbeat", spent: dict[str, list[float]]):
+    """A line per finished call (tokens, speed, AL, and plain's beside it when compared);
+    `spent` sums each session's tokens and seconds."""
+    def show(c) -> None:
+        spent.setdefault(c.session, [0, 0.0])
+        spent[c.session][0] += c.tokens
+        spent[c.session][1] += c.seconds
+        rate = c.tokens / c.seconds if c.seconds else 0.0
+        al = "   -" if c.al is None else f"{c.al:5.2f}"
+        line = f"  {c.turn}:{c.role:<8} {c.tokens:4d} tok {rate:6.1f} tok/s AL {al}"
+        if c.plain_seconds is not None:
+            plain = c.tokens / c.plain_seconds if c.plain_seconds else 0.0
+            same = "identical" if c.identical else "[red]DIFFERENT[/]"
+            line += f"  plain {plain:6.1f} tok/s {same}"
+        console.print(line, highlight=False)
+        beat.touch()
+
+    return show
+
+
+def _write_agent_run(summary: dict, results, out_dir: Path, json_out: Path) -> None:
     from agentspec.trace import write_sessions
 
     out_dir.mkdir(parents=True, exist_ok=True)
     write_sessions(out_dir / "trace.jsonl.gz", [r.session for r in results])
     json_out.parent.mkdir(parents=True, exist_ok=True)
     json_out.write_text(json.dumps(summary, indent=2) + "\n")
-    _print_agent_summary(summary, results, errors, spent, len(tasks),
-                         f"{about['model']} · method {about['method']}")
     console.print(f"wrote {out_dir / 'trace.jsonl.gz'} and {json_out}")
 
 
