@@ -293,6 +293,10 @@ def _bench_http(run: BenchRun, *, json_out, plot_out, max_tokens, max_prompt_tok
             fail(str(e))
     if plot_out:
         console.print("[yellow]warning:[/] --plot has no chart for --backend http", highlight=False)
+    if len(run.sizes) > 1:
+        console.print("[yellow]warning:[/] batch sizes after the first ran on servers that had "
+                      "seen the same calls (prompt cache, drafter history): start fresh servers "
+                      "per size for figures", highlight=False)
     for report in reports:
         report.update(run.sample)
         out.print(http_table(report))

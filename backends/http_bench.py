@@ -6,7 +6,10 @@ rendered with the model's template (cut to the last --max-prompt-tokens tokens),
 with the call's `agentspec_*` metadata in `vllm_xargs` (servers that do not know it ignore
 it). `--batch B` keeps B sessions in flight, each sending its calls in order. The server
 under test and the plain one (`--plain-url`) run the same calls one after the other, so
-they never share the machine's cores; every output is compared call by call.
+they never share the machine's cores; every output is compared call by call. Servers
+cannot be reset from a client: with several sizes, every size after the first runs on
+servers that cached those prompts and whose drafter saw those outputs (the report says
+`servers_fresh: false`); measure each size on freshly started servers for figures.
 
 A server's own counters (/metrics) give its acceptance length when it publishes them:
 `agentspec serve`'s generated tokens per row-step, or vLLM's spec-decode counters.
@@ -228,6 +231,9 @@ def run_http_bench(sessions: Sequence[TokenizedSession], *, url: str, plain_url:
             "servers": {"server": url, "plain": plain_url},
             "traces": list(traces), "sessions": len(sessions), "calls": len(roles),
             "batch": b, "max_tokens": max_tokens, "max_prompt_tokens": max_prompt_tokens,
+            # a server cannot be reset from here: after the first size it has the calls'
+            # prompts cached and its drafter has seen their outputs
+            "servers_fresh": b == batches[0],
             "methods": {name: method_entry(run, runs["plain"], roles, count)
                         for name, run in runs.items()},
         })
