@@ -242,10 +242,12 @@ def serve_setup(eng: "engine.Engine", config: EngineConfig, say: Callable[[str],
         sizes = [b for b in (1, 2, 4, 8, 16, 32, 64) if b <= config.max_batch]
         say(f"no cost profile for this machine and model yet: measuring one at batch "
             f"{','.join(map(str, sizes))} (once; `agentspec profile-lambda` does it too)")
-        prof = mlx_probe.profile(eng, sizes, context=min(1024, (eng.context or 4096) // 2))
+        # fewer repeats than profile-lambda: a first request should not wait long for it
+        prof = mlx_probe.profile(eng, sizes, context=min(1024, (eng.context or 4096) // 2),
+                                 repeats=3)
         path = mlx_probe.profile_path("mlx", config.model, config.dtype)
         prof.save(path)
         say(f"cost profile written to {path}")
     profile = load_profile(path)
-    return BenchSetup(tokenizer=tok, token_bytes=token_bytes(tok.tokenizer), profile=profile,
-                      lam=profile.lam(1))
+    # lambda(b) of the profile at every batch size (BenchSetup.lam_at)
+    return BenchSetup(tokenizer=tok, token_bytes=token_bytes(tok.tokenizer), profile=profile)
