@@ -83,7 +83,7 @@ def run_cli(model: str | None, dtype: str | None, batches: str, max_k: int, cont
     cached.parent.mkdir(parents=True, exist_ok=True)
     cached.write_text(json.dumps(given))
     costs.publish(costs.load_profile(cached), cached, out, plot_out, console, stdout,
-                  "give it to bench --backend vllm as --cost-profile")
+                  "bench --backend vllm and the drafter in vllm serve plan with it by default")
 
 
 def ensure_profile(model: str | None, dtype: str | None, sizes: Sequence[int], console) -> Path:
