@@ -121,10 +121,7 @@ class CostAware:
     score_all: bool = False
 
     def drafts(self, policy: Policy, batch: Sequence[Request], matches: list[Match]):
-        b = len(batch)
-        if b not in policy._costs:
-            policy._costs[b] = policy.draft_costs(b, policy.config.max_k)
-        costs = policy._costs[b]
+        costs = policy.costs_at(len(batch))
         drafts = []
         for r, m in zip(batch, matches):
             run = policy.running[r.id]
@@ -145,13 +142,13 @@ class CostAware:
         if m.length:
             tokens = m.tokens[:max_k]
             found.append(Candidate(tokens, m.length,
-                                   policy._rows(policy.acceptance.kind(source), tokens)))
+                                   policy.rows(policy.acceptance.kind(source), tokens)))
         if policy.tree is not None:
             frequent = policy.tree.draft(r.tokens, max_k)
             if frequent.tokens:
                 found.append(Candidate(
                     frequent.tokens, frequent.match_len,
-                    policy._rows(policy._frequency_kinds[frequent.classes], frequent.tokens)))
+                    policy.rows(policy.frequency_kinds[frequent.classes], frequent.tokens)))
             if len(found) == 2 and self.agreement:
                 mark_agreement(*found)
         return found
@@ -348,7 +345,7 @@ class Policy:
             for tokens in global_seed if self.tree is not None else ():
                 self.tree.add(tokens)
         # the acceptance model's kind of each frequency class
-        self._frequency_kinds = np.array([self.acceptance.kind(k) for k in FREQUENCY_CLASSES]) \
+        self.frequency_kinds = np.array([self.acceptance.kind(k) for k in FREQUENCY_CLASSES]) \
             if self.tree is not None else None
 
     @property
@@ -481,7 +478,13 @@ class Policy:
             matches.append(followed)
         return cfg.length.drafts(self, batch, matches)
 
-    def _rows(self, kinds: int | np.ndarray, tokens: list[int]) -> np.ndarray:
+    def costs_at(self, b: int) -> np.ndarray:
+        """C[n] at batch size b, read from `draft_costs` once per size, not every step."""
+        if b not in self._costs:
+            self._costs[b] = self.draft_costs(b, self.config.max_k)
+        return self._costs[b]
+
+    def rows(self, kinds: int | np.ndarray, tokens: list[int]) -> np.ndarray:
         """Each draft token's row in the acceptance model: its kind, alone, and its class."""
         if self.token_classes is None:
             return np.zeros(len(tokens), dtype=np.intp) + kinds

@@ -72,7 +72,8 @@ def request_files(req_id: str, extra_args: dict | None) -> tuple[dict[str, str],
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    """How many leading tokens `a` and `b` share."""
+    """How many leading tokens `a` and `b` share. In numpy, unlike the speculation loop's
+    `accepted_prefix` (a few draft tokens per step): prompts here run to thousands."""
     n = min(len(a), len(b))
     if n == 0:
         return 0
