@@ -78,10 +78,16 @@ class Sandbox:
                     "PYTHONDONTWRITEBYTECODE": "1", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
                     **(env or {})}
         self.config = {"cwd": SANDBOX_DIR, "timeout": timeout, "env": self.env}
+        # the sandbox's /tmp is empty: a checkout or Python living under /tmp stays visible,
+        # read-only, so its tools (the venv's python) still run there
+        here = [Path(__file__).resolve().parents[1], Path(sys.prefix).resolve(),
+                Path(sys.base_prefix).resolve()]
+        self.keep = sorted({str(d) for d in here if d.is_relative_to("/tmp")})
 
     def argv(self, command: str, cwd: str = "") -> list[str]:
         args = [self.bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
-                "--tmpfs", "/tmp", "--bind", str(self.copy), SANDBOX_DIR,
+                "--tmpfs", "/tmp", *[a for d in self.keep for a in ("--ro-bind", d, d)],
+                "--bind", str(self.copy), SANDBOX_DIR,
                 "--chdir", cwd or SANDBOX_DIR, "--unshare-all", "--hostname", "sandbox",
                 "--die-with-parent", "--new-session", "--clearenv"]
         for key, value in self.env.items():
