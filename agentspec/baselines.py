@@ -105,6 +105,9 @@ class NgramDrafter:
     def observe(self, request: Request, drafted: int, accepted: int) -> None:
         pass
 
+    def observe_step(self, rows: int, drafts: int, seconds: float) -> None:
+        pass
+
     def finish(self, request: Request) -> None:
         self._buffers.pop((request.session, request.id), None)
 
@@ -198,6 +201,9 @@ class SuffixDrafter:
         return drafts
 
     def observe(self, request: Request, drafted: int, accepted: int) -> None:
+        pass
+
+    def observe_step(self, rows: int, drafts: int, seconds: float) -> None:
         pass
 
     def finish(self, request: Request) -> None:

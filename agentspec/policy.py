@@ -38,6 +38,7 @@ from agentspec.controller import Controller, KmaxTable
 from agentspec.costs import linear_costs
 from agentspec.drafter import FILE, OUTPUT, Request
 from agentspec.frequency import FREQUENCY_CLASSES, FrequencyTree, FrequencyUnavailable
+from agentspec.learned_costs import LearnedCosts
 from agentspec.match import Corpus, Match
 from agentspec.speculation import accepted_prefix
 from agentspec.structure import BlockTracker, StructureError, parse_structure
@@ -317,8 +318,9 @@ class Policy:
         self._seeded = len(global_seed)
         self.encode, self.decode = encode, decode
         self.token_bytes = token_bytes
-        # C[n]: what n draft tokens per row cost at a batch size, in plain decode steps
-        self.draft_costs = draft_costs or (lambda b, k: linear_costs(config.lam, k))
+        # C[n]: what n draft tokens per row cost at a batch size, in plain decode steps; the
+        # engine's own steps (observe_step) replace the profile's prices once they can
+        self.costs = LearnedCosts(draft_costs or (lambda b, k: linear_costs(config.lam, k)))
         self._costs: dict[int, np.ndarray] = {}  # by batch size: read once, not every step
         self.controller = Controller(lam=config.lam, kmax=dict(kmax.kmax) if kmax else {})
         # lambda at a batch size (a cost profile's lambda(b)); else config.lam at every size
@@ -479,10 +481,14 @@ class Policy:
         return cfg.length.drafts(self, batch, matches)
 
     def costs_at(self, b: int) -> np.ndarray:
-        """C[n] at batch size b, read from `draft_costs` once per size, not every step."""
+        """C[n] at batch size b, read once per size until the learned prices change."""
         if b not in self._costs:
-            self._costs[b] = self.draft_costs(b, self.config.max_k)
+            self._costs[b] = self.costs.draft_costs(b, self.config.max_k)
         return self._costs[b]
+
+    def observe_step(self, rows: int, drafts: int, seconds: float) -> None:
+        if self.costs.observe(rows, drafts, seconds):
+            self._costs.clear()
 
     def rows(self, kinds: int | np.ndarray, tokens: list[int]) -> np.ndarray:
         """Each draft token's row in the acceptance model: its kind, alone, and its class."""

@@ -12,11 +12,13 @@ size the drafter is rebuilt and the prefix cache emptied, so no run sees another
 a short warm-up (then the same reset) keeps one-time costs out of the timing.
 
 Measured per method and batch size: goodput (generated tokens over the wall time from the
-first submission to the last finish), drafted and accepted tokens from vLLM's per-request
+first submission to the last finish), a request's steps (the engine steps that gave it
+tokens, counted from its streamed outputs), its drafted tokens from vLLM's per-request
 spec-decode metrics (summed per role; the `vllm:spec_decode_*` counters are kept beside
-them), the drafter's propose time, and whether every call's tokens equal plain's.
-A request's verification steps are its output tokens minus its accepted tokens; modeled
-speedups take every batch step as full (b rows), which makes them exact in total drafts.
+them), the drafter's propose time, and whether every call's tokens equal plain's. Accepted
+tokens are output tokens minus steps: vLLM's own count also has draft tokens accepted past
+`max_tokens`, which the output drops. Modeled speedups take every batch step as full (b
+rows), which makes them exact in total drafts.
 
     python -m agentspec.backends.vllm_bench JOB.json OUT.json   # the worker (vLLM's Python)
 """
@@ -316,6 +318,8 @@ def serve(llm, sessions: list[list[dict]], batch: int, max_tokens: int,
     waiting = deque(i for i, calls in enumerate(sessions) if calls)
     position = dict.fromkeys(waiting, 0)  # session -> its next call
     running: dict[str, tuple[int, dict]] = {}  # request id -> (session, call)
+    tokens: dict[str, list[int]] = {}  # request id -> its output so far
+    steps: dict[str, int] = {}  # request id -> engine steps that gave it tokens
     outputs, spec = {}, {}
 
     def submit(si: int) -> None:
@@ -324,24 +328,26 @@ def serve(llm, sessions: list[list[dict]], batch: int, max_tokens: int,
         rid = f"b{batch}/{call['key']}"
         params = SamplingParams(temperature=0.0, max_tokens=max_tokens,
                                 extra_args=call["xargs"],
-                                output_kind=RequestOutputKind.FINAL_ONLY)
+                                output_kind=RequestOutputKind.DELTA)
         eng.add_request(rid, {"prompt_token_ids": call["prompt"]}, params)
         running[rid] = (si, call)
+        tokens[rid], steps[rid] = [], 0
 
     t0 = perf_counter()
     while waiting and len(running) < batch:
         submit(waiting.popleft())
     while eng.has_unfinished_requests():
         for out in eng.step():
+            rid, delta = out.request_id, out.outputs[0]
+            if delta.token_ids:
+                tokens[rid] += delta.token_ids
+                steps[rid] += 1
             if not out.finished:
                 continue
-            si, call = running.pop(out.request_id)
-            done = out.outputs[0]
-            outputs[call["key"]] = list(done.token_ids)
-            metrics = done.spec_decode_metrics
-            if metrics is not None:
-                spec[call["key"]] = (metrics.num_draft_tokens,
-                                     sum(j * n for j, n in enumerate(metrics.histogram)))
+            si, call = running.pop(rid)
+            outputs[call["key"]] = tokens.pop(rid)
+            drafted = getattr(delta.spec_decode_metrics, "num_draft_tokens", 0)
+            spec[call["key"]] = (drafted, len(outputs[call["key"]]) - steps.pop(rid))
             if position[si] < len(sessions[si]):
                 submit(si)
             elif waiting:

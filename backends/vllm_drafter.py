@@ -137,9 +137,12 @@ class AgentspecProposer:
         self.book = SessionBook(self.policy, int(os.environ.get(MAX_SESSIONS_ENV) or 64),
                                 self.encode)
         self.runner = None  # set by the hook around propose_draft_token_ids
+        self.step_shape: tuple[int, int] | None = None  # see bind
+        self.last_propose: float | None = None  # when propose was last called
         self.scheduled: dict[str, list[int]] = {}  # drafts vLLM verified this step
         self.requests: dict[str, Request] = {}
         self.drafted: dict[str, int] = {}  # request id -> length of its last draft
+        self.max_output: dict[str, int] = {}  # request id -> its max_tokens
         self.stats = {"propose_calls": 0, "drafts": 0, "draft_tokens": 0, "accepted": 0,
                       "started": 0, "finished": 0, "sessions": 0, "propose_s": 0.0}
 
@@ -160,6 +163,10 @@ class AgentspecProposer:
     def propose(self, sampled_token_ids: list[list[int]], num_tokens_no_spec,
                 token_ids_cpu, slot_mappings=None, **kwargs) -> list[list[int]]:
         t0 = time.perf_counter()
+        if self.step_shape is not None and self.last_propose is not None:
+            # propose to propose is one engine step, the one that verified our last drafts
+            self.policy.observe_step(*self.step_shape, t0 - self.last_propose)
+        self.last_propose = t0
         self.stats["propose_calls"] += 1
         drafts: list[list[int]] = [[] for _ in sampled_token_ids]
         if self.runner is None:
@@ -174,11 +181,14 @@ class AgentspecProposer:
                 continue
             n = int(num_tokens_no_spec[i])
             req = self._update(req_ids[i], sampled, token_ids_cpu[i], n)
-            if n + 1 < self.max_model_len:
-                rows.append((i, n))
+            # a step gives at most draft + 1 tokens: no draft past the context or max_tokens
+            room = min(self.k, self.max_model_len - n - 1,
+                       self.max_output.get(req.id, self.k) - len(req.output) - 1)
+            if room > 0:
+                rows.append((i, room))
                 batch.append(req)
-        for (i, n), req, draft in zip(rows, batch, self.policy.propose(batch)):
-            draft = [int(t) for t in draft[:min(self.k, self.max_model_len - n - 1)]]
+        for (i, room), req, draft in zip(rows, batch, self.policy.propose(batch)):
+            draft = [int(t) for t in draft[:room]]
             drafts[i] = draft
             if draft:
                 self.drafted[req.id] = len(draft)
@@ -192,10 +202,17 @@ class AgentspecProposer:
     def bind(self, runner, scheduler_output) -> None:
         self.runner = runner
         self.scheduled = getattr(scheduler_output, "scheduled_spec_decode_tokens", None) or {}
+        # (rows, draft tokens) of the step that just ran when it only decoded; a step that
+        # prefilled too costs what its prompts cost and teaches nothing about drafts
+        rows = len(getattr(scheduler_output, "num_scheduled_tokens", None) or {})
+        drafts = sum(len(d) for d in self.scheduled.values())
+        total = getattr(scheduler_output, "total_num_scheduled_tokens", -1)
+        self.step_shape = (rows, drafts) if rows and total == rows + drafts else None
 
     def finish(self, req_id: str, req_state=None) -> None:
         req = self.requests.pop(req_id, None)
         self.drafted.pop(req_id, None)
+        self.max_output.pop(req_id, None)
         if req is None:
             return
         output = getattr(req_state, "output_token_ids", None)
@@ -243,6 +260,8 @@ class AgentspecProposer:
                         "tokenizer.json", req_id, PREFIX)
         self.book.begin(req, files)
         self.requests[req_id] = req
+        if isinstance(getattr(params, "max_tokens", None), int):
+            self.max_output[req_id] = params.max_tokens
         self.stats["started"] += 1
         self.stats["sessions"] = self.book.sessions_started
         return req

@@ -145,15 +145,22 @@ class FakeRunner:
         self.requests = {}
         self.tokens: dict[str, list[int]] = {}
 
-    def add(self, rid: str, prompt: list[int], extra_args: dict | None = None):
+    def add(self, rid: str, prompt: list[int], extra_args: dict | None = None,
+            max_tokens: int = 16):
         self.input_batch.req_ids.append(rid)
         self.requests[rid] = NS(prompt_token_ids=prompt, output_token_ids=[],
-                                sampling_params=NS(extra_args=extra_args))
+                                sampling_params=NS(extra_args=extra_args,
+                                                   max_tokens=max_tokens))
         self.tokens[rid] = list(prompt)
 
-    def step(self, p, sampled: dict[str, list[int]], scheduled: dict):
-        """Append this step's tokens, then ask for drafts as vLLM does."""
-        p.bind(self, NS(scheduled_spec_decode_tokens=scheduled))
+    def step(self, p, sampled: dict[str, list[int]], scheduled: dict, prefill: int = 0):
+        """Append this step's tokens, then ask for drafts as vLLM does. `prefill`: prompt
+        tokens the step also computed (a prefill chunk beside the decoding rows)."""
+        rows = self.input_batch.req_ids
+        p.bind(self, NS(scheduled_spec_decode_tokens=scheduled,
+                        num_scheduled_tokens={rid: 1 for rid in rows},
+                        total_num_scheduled_tokens=len(rows) + prefill + sum(
+                            len(d) for d in scheduled.values())))
         rows = []
         for rid in self.input_batch.req_ids:
             self.tokens[rid] += sampled.get(rid, [])
@@ -245,6 +252,27 @@ def test_drafts_respect_k_and_max_model_len():
     assert len(runner.step(p, {"r": [A[3]]}, {})["r"]) == 3
     drafts = runner.step(p, {"r": [A[4]]}, {})  # one token from the limit: draft fits
     assert len(drafts["r"]) <= len(A) * 2 + 6 - len(runner.tokens["r"]) - 1
+
+
+def test_no_draft_past_max_tokens():
+    p = _proposer(k=8)
+    runner = FakeRunner()
+    runner.add("r", A + A[:3], max_tokens=3)
+    assert runner.step(p, {"r": [A[3]]}, {})["r"] == A[4:5]  # 1 written, 2 to go: 1 draft
+    assert runner.step(p, {"r": [A[4], A[5]]}, {"r": A[4:5]})["r"] == []  # 3 written
+
+
+def test_decode_steps_teach_the_policy_what_drafts_cost():
+    p = _proposer(k=4)
+    seen = []
+    p.policy.observe_step = lambda rows, drafts, seconds: seen.append((rows, drafts, seconds))
+    runner = FakeRunner()
+    runner.add("r", A + A[:3], max_tokens=100)
+    drafts = runner.step(p, {"r": [A[3]]}, {})  # the first call: no step before it to time
+    runner.step(p, {"r": [A[4], A[5]]}, {"r": drafts["r"]})
+    runner.step(p, {"r": [A[6]]}, {}, prefill=50)  # a prompt joined: not a decode step
+    assert [(rows, drafts) for rows, drafts, _ in seen] == [(1, 4)]
+    assert 0 < seen[0][2] < 5
 
 
 def test_request_files_reads_a_json_object_of_texts():
