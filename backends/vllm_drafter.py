@@ -116,7 +116,7 @@ class AgentspecProposer:
     """Drives `agentspec.policy.Policy` (the rung $AGENTSPEC_VLLM_METHOD, default "full")
     from vLLM's model runner."""
 
-    def __init__(self, vllm_config, policy=None):
+    def __init__(self, vllm_config):
         from agentspec.bench import make_drafter
         from agentspec.policy import ladder
 
@@ -133,7 +133,7 @@ class AgentspecProposer:
                            _tokenizer(getattr(model, "tokenizer", None) or model.model),
                            model.model, _dtype(model))
         self.encode = setup.tokenizer.encode if setup.tokenizer else None
-        self.policy = policy if policy is not None else make_drafter(rung, setup)
+        self.policy = make_drafter(rung, setup)
         self.book = SessionBook(self.policy, int(os.environ.get(MAX_SESSIONS_ENV) or 64),
                                 self.encode)
         self.runner = None  # set by the hook around propose_draft_token_ids
@@ -222,6 +222,9 @@ class AgentspecProposer:
         self.stats["finished"] += 1
         path = os.environ.get(STATS_ENV)
         if path:  # the drafter runs in vLLM's engine process: tests read its counts here
+            coef = self.policy.costs.coef
+            self.stats["learned_step_s"] = None if coef is None else dict(
+                zip(("base", "per_row", "per_draft"), map(float, coef)))
             Path(path).write_text(json.dumps(self.stats))
 
     # --- internals -------------------------------------------------------------------

@@ -24,43 +24,14 @@ AGENTSPEC_SKIP_VLLM=${AGENTSPEC_SKIP_VLLM:-1} bash scripts/setup.sh
 .venv/bin/agentspec models pull smollm2-135m >/dev/null
 mkdir -p "$OUT"
 
-pids=()
-stop() {
-  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
-  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
-}
-trap stop EXIT
+source scripts/servers.sh
+trap stop_servers EXIT
 trap 'exit 130' INT TERM
 
-# serve METHOD: start a server on a free port, wait for its /health; sets $url
+# serve METHOD: an `agentspec serve --method METHOD` server; sets $url
 serve() {
-  local port
-  port=$(.venv/bin/python -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0))
-print(s.getsockname()[1])')
   # shellcheck disable=SC2086
-  .venv/bin/agentspec serve --method "$1" --port "$port" ${SERVE_ARGS:-} >"$OUT/serve-$1.log" 2>&1 &
-  pids+=($!)
-  url=http://127.0.0.1:$port
-  # the first start on a machine measures its cost profile (minutes)
-  .venv/bin/python - "$url" "$!" "$OUT/serve-$1.log" <<'EOF'
-import os, sys, time
-import httpx
-url, pid, log = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-deadline = time.monotonic() + 1200
-while time.monotonic() < deadline:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        sys.exit(f"error: agentspec serve exited at start:\n{open(log).read()}")
-    try:
-        if httpx.get(url + "/health", timeout=2).status_code == 200:
-            sys.exit(0)
-    except httpx.HTTPError:
-        pass
-    time.sleep(1)
-sys.exit(f"error: agentspec serve did not answer at {url} in 20 minutes (log: {log})")
-EOF
-  echo "[real-agent] $1 server at $url (pid ${pids[-1]})"
+  start_server "$1" "$OUT/serve-$1.log" .venv/bin/agentspec serve --method "$1" ${SERVE_ARGS:-}
 }
 
 serve full  # alone while it may measure the machine's cost profile

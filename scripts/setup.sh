@@ -8,6 +8,17 @@ PY=${PYTHON:-python3}
 VENV=.venv
 PIP="$VENV/bin/pip"
 
+# run a long, quiet step (pip, a build), saying every 20 s that it still runs
+with_heartbeat() {
+  local start=$SECONDS beat status=0
+  ( while sleep 20; do echo "[setup] ... still at it ($((SECONDS - start)) s)"; done ) &
+  beat=$!
+  "$@" || status=$?
+  kill "$beat" 2>/dev/null || true
+  wait "$beat" 2>/dev/null || true
+  return "$status"
+}
+
 if [ ! -x "$VENV/bin/python" ]; then
   echo "[setup] creating $VENV"
   "$PY" -m venv "$VENV"
@@ -24,15 +35,15 @@ esac
 # CPU build this project's Linux machines keep locally.
 if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
   echo "[setup] installing torch"
-  "$PIP" install -q "torch==2.13.0" || "$PIP" install -q "torch>=2.10"
+  with_heartbeat "$PIP" install -q "torch==2.13.0" || with_heartbeat "$PIP" install -q "torch>=2.10"
 fi
 
 if ! "$VENV/bin/python" -c "import arctic_inference.suffix_decoding" 2>/dev/null; then
   echo "[setup] building arctic-inference 0.3.0 (suffix tree only)"
-  "$PIP" install -q setuptools wheel ninja "cmake>=3.18" "nanobind==2.9.2" "protobuf==5.29.6" grpcio-tools
+  with_heartbeat "$PIP" install -q setuptools wheel ninja "cmake>=3.18" "nanobind==2.9.2" "protobuf==5.29.6" grpcio-tools
   # cmake must find the venv's Python (and its nanobind), not whatever python3 is on PATH
   PATH="$PWD/$VENV/bin:$PATH" CMAKE_ARGS="-DPython_EXECUTABLE=$PWD/$VENV/bin/python" \
-    "$PIP" install -q --no-build-isolation --no-deps "arctic-inference==0.3.0"
+    with_heartbeat "$PIP" install -q --no-build-isolation --no-deps "arctic-inference==0.3.0"
 fi
 
 # MLX on Linux runs on the CPU, and its float32 matmuls are only fast with an optimized BLAS
@@ -75,10 +86,10 @@ if [ -z "${AGENTSPEC_SKIP_VLLM:-}" ]; then
     echo "[setup] creating .venv-vllm with $vllm_req: $vllm_why (a few minutes, several GB)"
     "$PY" -m venv .venv-vllm
     .venv-vllm/bin/pip install -q --upgrade pip
-    .venv-vllm/bin/pip install -q "$vllm_req"
+    with_heartbeat .venv-vllm/bin/pip install -q "$vllm_req"
     # PyPI's torchvision/torchaudio/torchcodec builds break the transformers import beside it
     .venv-vllm/bin/pip uninstall -q -y torchvision torchaudio torchcodec || true
-    .venv-vllm/bin/pip install -q numpy typer rich tokenizers jinja2 gguf safetensors numba pytest packaging
+    with_heartbeat .venv-vllm/bin/pip install -q numpy typer rich tokenizers jinja2 gguf safetensors numba pytest packaging
   fi
 fi
 
@@ -89,7 +100,7 @@ if [ -x .venv-vllm/bin/python ] \
   echo "[setup] installing arctic-inference 0.3.0 into .venv-vllm"
   wheels=$(mktemp -d)
   PATH="$PWD/$VENV/bin:$PATH" CMAKE_ARGS="-DPython_EXECUTABLE=$PWD/$VENV/bin/python" \
-    "$PIP" wheel -q --no-build-isolation --no-deps -w "$wheels" "arctic-inference==0.3.0"
+    with_heartbeat "$PIP" wheel -q --no-build-isolation --no-deps -w "$wheels" "arctic-inference==0.3.0"
   .venv-vllm/bin/pip install -q --no-deps "$wheels"/arctic_inference-*.whl
   rm -rf "$wheels"
 fi
@@ -104,7 +115,9 @@ install_agentspec() {  # venv, what it gets (for the stamp and the message), pip
     echo "[setup] $what already installed in $venv (pyproject.toml unchanged)"
   else
     echo "[setup] installing $what into $venv"
-    "$venv/bin/pip" install -q "$@"
+    # setuptools warns at length that an editable install maps agentspec.backends and
+    # agentspec.agents to backends/ and agents/: that mapping is the layout, not a problem
+    PYTHONWARNINGS="ignore::Warning" with_heartbeat "$venv/bin/pip" install -q "$@"
     echo "$want" > "$stamp"
   fi
 }
