@@ -35,5 +35,11 @@ for batch in 1 4; do
 done
 start_server plain "$OUT/plain.log" .venv/bin/agentspec serve --method plain
 plain=$url
-start_server mlx_lm "$OUT/mlx_lm.log" .venv/bin/python -m mlx_lm.server --model "$model"
+# mlx_lm.server lists models by scanning the Hugging Face cache, which must exist
+export HF_HUB_CACHE=${HF_HUB_CACHE:-$HOME/.cache/huggingface/hub}
+mkdir -p "$HF_HUB_CACHE"
+# on Linux, MLX's float32 matmuls are fast only with OpenBLAS loaded first, which agentspec's
+# engine does itself: give mlx_lm.server the same library
+blas=$(.venv/bin/python -c 'from agentspec.backends.mlx import find_openblas; print(find_openblas() or "")')
+LD_PRELOAD=$blas start_server mlx_lm "$OUT/mlx_lm.log" .venv/bin/python -m mlx_lm.server --model "$model"
 measure "$plain" "$url" plain-vs-mlx_lm 1
