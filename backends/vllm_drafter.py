@@ -183,7 +183,7 @@ class AgentspecProposer:
             req = self._update(req_ids[i], sampled, token_ids_cpu[i], n)
             # a step gives at most draft + 1 tokens: no draft past the context or max_tokens
             room = min(self.k, self.max_model_len - n - 1,
-                       self.max_output.get(req.id, self.k) - len(req.output) - 1)
+                       self.max_output.get(req.id, self.max_model_len) - len(req.output) - 1)
             if room > 0:
                 rows.append((i, room))
                 batch.append(req)
