@@ -5,14 +5,17 @@ batches are mixed: rows draft different lengths, some none, and a step's cost mo
 what the whole batch verifies. On vLLM's CPU build, for one, a profiled batch of 4 rows
 pays 40% of a step for each row's first draft token (the batch leaves the pure-decode
 path), while in a served batch, where some row nearly always drafts, a draft token costs
-about 3% of a step. So the engine reports each decode step (rows, draft tokens verified,
-wall seconds) and `LearnedCosts` fits, with old steps fading,
+about 3% of a step; and a profile measured while the machine was busy overprices every
+draft. So the engine reports each decode step (rows, draft tokens verified, wall seconds)
+and `LearnedCosts` fits, with old steps fading,
 
     seconds = base + per_row * rows + per_draft * drafts
 
-then prices n draft tokens of one row at batch size b as n * per_draft / step(b), a plain
-step of b rows being the unit, as in the profile. Until enough steps with varied drafts are
-seen, the prior (the profile's curve, or a fixed lambda) stands.
+then prices n draft tokens per row at batch size b as b * n * per_draft / step(b): what a
+step of b rows that each draft n tokens costs beyond a plain step, in plain steps, the
+profile's unit. (The policy charges a row that whole price because the step it lengthens
+carries all b rows' tokens.) Until enough steps with varied drafts are seen, the prior (the
+profile's curve, or a fixed lambda) stands.
 """
 
 from __future__ import annotations
@@ -70,7 +73,7 @@ class LearnedCosts:
         return base + per_row * rows + per_draft * drafts
 
     def draft_costs(self, b: int, max_k: int) -> np.ndarray:
-        """C[n], n = 0..max_k: one row's n draft tokens at batch size b, in plain steps."""
+        """C[n], n = 0..max_k: n draft tokens per row at batch size b, in plain steps."""
         if self.coef is None or self._step(b, 0) <= 0:
             return self.prior(b, max_k)
-        return np.arange(max_k + 1, dtype=np.float64) * self.coef[2] / self._step(b, 0)
+        return np.arange(max_k + 1, dtype=np.float64) * b * self.coef[2] / self._step(b, 0)

@@ -252,7 +252,6 @@ class _Session:
     s: Corpus
     w: Corpus
     blocks: dict[tuple[str, str, str | None], Corpus] = field(default_factory=dict)
-    tree: FrequencyTree | None = None  # frequencies over the text it saw and wrote
 
 
 @dataclass

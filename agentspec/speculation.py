@@ -86,13 +86,16 @@ class Loop:
     `on_finish` runs for a row as soon as it ends, within the step (before the next row is
     observed), so a drafter sees the same call order at any batch size. It may re-arm the
     row for its session's next request and return True: the row then keeps its slot
-    (replay does, so batches keep their order).
+    (replay does, so batches keep their order). With `timed` (a real engine, not replay)
+    the drafter is told what each verification cost (`observe_step`), to price its drafts
+    by this machine's own steps.
     """
 
     target: Target
     drafter: Drafter | None = None
     on_finish: Callable[[Row], bool | None] | None = None
     rows: list[Row] = field(default_factory=list)
+    timed: bool = False
 
     def join(self, rows: Sequence[Row]) -> None:
         if rows:
@@ -115,9 +118,13 @@ class Loop:
         A re-armed row is in the list too; `row.finish` says ''.
         """
         drafts = self.propose()
+        t0 = perf_counter_ns()
         choices = self.target.verify(self.rows, drafts)
         accepted = [accepted_prefix(d, c) for d, c in zip(drafts, choices)]
         self.target.rollback(self.rows, drafts, accepted)
+        if self.timed and self.drafter is not None:
+            self.drafter.observe_step(len(self.rows), sum(map(len, drafts)),
+                                      (perf_counter_ns() - t0) / 1e9)
         finished, keep = [], []
         for j, (row, d, c, a) in enumerate(zip(self.rows, drafts, choices, accepted)):
             new, row.finish = take(d[:a] + list(c[a:a + 1]), len(row.tokens), row.stop,

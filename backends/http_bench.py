@@ -142,6 +142,14 @@ class ServerRun:
     def tokens(self) -> int:
         return sum(r.tokens for r in self.replies.values())
 
+    @property
+    def decode_rate(self) -> float:
+        """Tokens per second of one stream after its first token (1 / time per output
+        token): what drafting speeds up, without the prefill both servers share."""
+        seconds = sum(r.seconds - r.ttft for r in self.replies.values())
+        return sum(max(r.tokens - 1, 0) for r in self.replies.values()) / seconds \
+            if seconds > 0 else 0.0
+
 
 def replay(server: Server, jobs: list[list[dict]], batch: int, max_tokens: int,
            on_call: Callable[[], None] = lambda: None) -> ServerRun:
@@ -185,6 +193,7 @@ def method_entry(run: ServerRun, plain: ServerRun | None, roles: dict[str, str],
                   for k, r in run.replies.items() if plain and r.text != plain.replies[k].text]
     rate = run.tokens / run.seconds if run.seconds else 0.0
     plain_rate = plain.tokens / plain.seconds if plain and plain.seconds else 0.0
+    decode, plain_decode = run.decode_rate, plain.decode_rate if plain else 0.0
     ttfts = sorted(r.ttft for r in run.replies.values())
     by_role: dict[str, dict] = {}
     for key, r in run.replies.items():
@@ -195,6 +204,8 @@ def method_entry(run: ServerRun, plain: ServerRun | None, roles: dict[str, str],
         "al": round(run.al, 4) if run.al else None, "output_tokens": run.tokens,
         "tokens_per_s": round(rate, 3),
         "speedup": round(rate / plain_rate, 4) if plain_rate else None,
+        "decode_tokens_per_s": round(decode, 3),
+        "decode_speedup": round(decode / plain_decode, 4) if plain_decode else None,
         "identical_to_plain": not mismatches if plain else None, "mismatches": mismatches,
         "seconds": round(run.seconds, 3),
         "ttft_s": {"mean": round(sum(ttfts) / len(ttfts), 4) if ttfts else None,
@@ -247,14 +258,16 @@ def report_table(report: dict):
     t = Table(title=f"http · {report['model']} · {report['sessions']} sessions · "
               f"{report['calls']} calls · batch {report['batch']} · max "
               f"{report['max_tokens']} tokens")
-    for col in ("server", "url", "tokens/s", "speedup", "AL", "TTFT s", "out tokens",
-                "seconds", "identical"):
+    for col in ("server", "url", "tokens/s", "speedup", "decode tok/s", "decode speedup", "AL",
+                "TTFT s", "out tokens", "seconds", "identical"):
         t.add_column(col, justify="left" if col in ("server", "url") else "right")
     for name, m in report["methods"].items():
         same = "yes" if m["identical_to_plain"] else (
             f"no: {len(m['mismatches'])} call(s), first at {m['mismatches'][0]['call']}")
         t.add_row(name, report["servers"][name], f"{m['tokens_per_s']:.2f}",
                   "-" if m["speedup"] is None else f"{m['speedup']:.3f}",
+                  f"{m['decode_tokens_per_s']:.2f}",
+                  "-" if m["decode_speedup"] is None else f"{m['decode_speedup']:.3f}",
                   "-" if m["al"] is None else f"{m['al']:.3f}", f"{m['ttft_s']['mean']:.3f}",
                   str(m["output_tokens"]), f"{m['seconds']:.1f}", same)
     return t

@@ -25,7 +25,9 @@ def test_a_draft_token_is_priced_by_the_engines_own_steps():
     costs = LearnedCosts(lambda b, k: linear_costs(0.3, k))
     _steps(costs, 20 * REFIT_EVERY, np.random.default_rng(1))
     plain_step = 0.06 + 0.004 * 4
-    assert costs.draft_costs(4, 8) == pytest.approx(np.arange(9) * 0.002 / plain_step, rel=0.1)
+    # 4 rows drafting n tokens each add 4n draft tokens to a step of 4 rows
+    assert costs.draft_costs(4, 8) == pytest.approx(np.arange(9) * 4 * 0.002 / plain_step,
+                                                    rel=0.1)
     # one batch size only (rows repeat the intercept): still priced per plain step
     one = LearnedCosts(lambda b, k: linear_costs(0.3, k))
     _steps(one, 20 * REFIT_EVERY, np.random.default_rng(2), rows=(1, 2))

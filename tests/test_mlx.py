@@ -49,6 +49,7 @@ class Scripted:
         self.outputs, self.mode, self.k = outputs, mode, k
         self.rng = random.Random(seed)
         self.observed = []
+        self.timed = []  # (rows, drafts, seconds) of each verification the engine reported
 
     def propose(self, batch):
         drafts = []
@@ -71,6 +72,9 @@ class Scripted:
 
     def observe(self, request, drafted, accepted):
         self.observed.append((request.id, drafted, accepted))
+
+    def observe_step(self, rows, drafts, seconds):
+        self.timed.append((rows, drafts, seconds))
 
 
 def reference(model, ps, max_tokens, stop=()):
@@ -107,6 +111,9 @@ def test_speculative_equals_plain_at_batch_1(model, mode):
             assert len(gen.steps) <= len(ref) // 9 + 2
         if mode in ("wrong", "empty"):
             assert gen.accepted == 0 and len(gen.steps) == len(ref)
+    # the engine priced every verification for the drafter: one row, the draft it verified
+    assert [t[:2] for t in drafter.timed] == [(1, d) for _, d, _ in drafter.observed]
+    assert all(t[2] > 0 for t in drafter.timed)
 
 
 @pytest.mark.parametrize("mode", MODES)

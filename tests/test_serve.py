@@ -279,6 +279,7 @@ def test_bench_over_http_replays_a_trace_against_full_and_plain(servers, model_f
         full, plain = report["methods"]["server"], report["methods"]["plain"]
         assert full["identical_to_plain"] and full["output_tokens"] == plain["output_tokens"] > 0
         assert full["speedup"] > 0 and full["ttft_s"]["mean"] > 0
+        assert full["decode_tokens_per_s"] > 0 and full["decode_speedup"] > 0
         assert full["al"] >= 1.0 and plain["al"] == 1.0  # both publish agentspec counters
     r = CliRunner().invoke(app, ["bench", "--backend", "http", "--url", servers["full"].base,
                                  "--traces", str(trace)])
@@ -314,6 +315,18 @@ class Chars:
     def decode(self, ids):
         text = "".join(chr(i) if i else "\ufffd" for i in ids)
         return text.replace("\ufffd" + chr(1), "é")
+
+
+def test_http_bench_separates_the_decode_rate_from_the_prefill():
+    from agentspec.backends.http_bench import Reply, ServerRun, method_entry
+
+    # each call: 11 tokens; plain waits 2 s for its first token then 10 tokens in 5 s, full
+    # waits as long and writes the 10 in 2 s
+    plain = ServerRun({"a": Reply("x" * 11, 11, 7.0, 2.0), "b": Reply("y", 11, 7.0, 2.0)}, 14.0)
+    full = ServerRun({"a": Reply("x" * 11, 11, 4.0, 2.0), "b": Reply("y", 11, 4.0, 2.0)}, 8.0)
+    e = method_entry(full, plain, {"a": "code", "b": "code"}, len)
+    assert e["decode_tokens_per_s"] == 5.0 and e["decode_speedup"] == 2.5
+    assert e["speedup"] == 1.75 and e["identical_to_plain"]  # wall time counts the prefill
 
 
 def test_text_stream_holds_back_partial_characters_and_stop_strings():

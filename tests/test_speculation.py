@@ -73,6 +73,21 @@ def test_loop_accepts_rolls_back_and_lets_rows_leave():
     assert loop.rows == [] and done == ["b", "a"] and b.tokens == [1, 2, 3, 4, 5, 6]
 
 
+def test_a_timed_loop_reports_each_verification_to_the_drafter():
+    class Timed(Fixed):
+        def observe_step(self, rows, drafts, seconds):
+            self.steps.append((rows, drafts, seconds))
+
+    for timed in (True, False):  # replay's loop is not timed: its verifications cost nothing
+        drafter = Timed({"a": [1, 2, 9], "b": [7]})
+        drafter.steps = []
+        loop = Loop(Echo({"a": [1, 2, 3, 4], "b": [7, 8]}), drafter, timed=timed)
+        loop.join([row("a", 4), row("b", 2)])
+        loop.step()
+        assert [s[:2] for s in drafter.steps] == ([(2, 4)] if timed else [])
+        assert all(s[2] > 0 for s in drafter.steps)
+
+
 def test_a_re_armed_row_keeps_its_slot_and_drop_removes_rows():
     target = Echo({"a": [1], "b": [2, 3, 4], "c": [5]})
     rows = [row("a", 1), row("b", 3)]
