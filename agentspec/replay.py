@@ -48,6 +48,9 @@ class Recording:
             out.append(row.state.target[pos:pos + len(d) + 1])
         return out
 
+    def verified_drafts(self, drafts):
+        return sum(map(len, drafts))
+
     def rollback(self, rows, drafts, accepted):
         pass
 

@@ -71,6 +71,10 @@ class Target(Protocol):
         Usually len(draft) + 1 tokens; fewer when the target has no more to say (replay).
         """
 
+    def verified_drafts(self, drafts: Sequence[list[int]]) -> int:
+        """Draft tokens the last `verify` computed: what its time paid for (an engine that
+        pads rows to the longest draft computes every row at that width)."""
+
     def rollback(self, rows: Sequence[Row], drafts: Sequence[list[int]],
                  accepted: Sequence[int]) -> None:
         """Remove each row's rejected draft tokens (len(draft) - accepted) from its state."""
@@ -123,7 +127,7 @@ class Loop:
         accepted = [accepted_prefix(d, c) for d, c in zip(drafts, choices)]
         self.target.rollback(self.rows, drafts, accepted)
         if self.timed and self.drafter is not None:
-            self.drafter.observe_step(len(self.rows), sum(map(len, drafts)),
+            self.drafter.observe_step(len(self.rows), self.target.verified_drafts(drafts),
                                       (perf_counter_ns() - t0) / 1e9)
         finished, keep = [], []
         for j, (row, d, c, a) in enumerate(zip(self.rows, drafts, choices, accepted)):

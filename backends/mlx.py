@@ -439,6 +439,9 @@ class OneRow:
         logits = _logits(self.model, [row.pending] + draft, self.cache)[0]
         return [choose(logits, row.temperature, row.seed, len(row.tokens), row.top_p)]
 
+    def verified_drafts(self, drafts):
+        return len(drafts[0])
+
     def rollback(self, rows, drafts, accepted):
         (row,), (draft,), (a,) = rows, drafts, accepted
         try:
@@ -587,6 +590,9 @@ class Rows:
             return mx.argmax(logits, axis=-1).tolist()
         return [choose(logits[j], r.temperature, r.seed, len(r.tokens), r.top_p)
                 for j, r in enumerate(rows)]
+
+    def verified_drafts(self, drafts):
+        return len(drafts) * (self.width - 1)  # every row is computed at the widest draft
 
     def rollback(self, rows, drafts, accepted):
         self.held += sum(accepted)

@@ -125,6 +125,10 @@ def test_speculative_equals_plain_at_batch_4(model, mode):
     gens = E.generate_batch(model, ps, drafter, requests, batch=4, max_tokens=30)
     assert [g.tokens for g in gens] == refs
     assert [r.tokens for r in requests] == [p + ref for p, ref in zip(ps, refs)]
+    # each verification is priced at what it computed: every row padded to the widest draft
+    assert drafter.timed and all(d % rows == 0 for rows, d, _ in drafter.timed)
+    if mode == "empty":
+        assert {d for _, d, _ in drafter.timed} == {0}
 
 
 def test_stop_tokens_and_max_tokens(model):

@@ -32,6 +32,9 @@ class Echo:
         return [self.scripts[r.request.id][len(r.tokens):][:len(d) + 1]
                 for r, d in zip(rows, drafts)]
 
+    def verified_drafts(self, drafts):
+        return sum(map(len, drafts))
+
     def rollback(self, rows, drafts, accepted):
         self.rolled.append([len(d) - a for d, a in zip(drafts, accepted)])
 
