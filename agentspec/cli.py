@@ -225,6 +225,10 @@ def _bench_replay(run: BenchRun, *, json_out, plot_out, **_) -> None:
             if method not in tasks:
                 tasks[method] = bar.add_task(method, total=total)
             bar.advance(tasks[method], k)
+            task = bar.tasks[tasks[method]]
+            if task.finished and not console.is_terminal:  # no live bar in a log: a line
+                console.print(f"[bench] {method}: {total} tokens replayed in "
+                              f"{task.elapsed:.0f} s", markup=False, highlight=False)
 
         result = run_replay_bench(run.tokenized, run.names, batch=run.sizes[0],
                                   model=run.setup.tokenizer.name,

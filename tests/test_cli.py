@@ -30,6 +30,9 @@ def test_bench_writes_the_report_and_plot(tmp_path, trace, tiny_model_dir):
     assert (report["seed"], report["task_split"]) == (0, True)  # how to repeat the sample
     assert report["profile_sessions"] == 8 - report["sessions"]
     assert (tmp_path / "r.png").stat().st_size > 1000
+    # no live progress bar outside a terminal: a line as each method finishes
+    for method in report["methods"]:
+        assert f"[bench] {method}: " in r.output
 
 
 def test_a_few_bad_sessions_are_skipped_with_a_count(tmp_path, tiny_model_dir):
