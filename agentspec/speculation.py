@@ -71,9 +71,10 @@ class Target(Protocol):
         Usually len(draft) + 1 tokens; fewer when the target has no more to say (replay).
         """
 
-    def verified_drafts(self, drafts: Sequence[list[int]]) -> int:
+    def verified_drafts(self, drafts: Sequence[list[int]]) -> int | None:
         """Draft tokens the last `verify` computed: what its time paid for (an engine that
-        pads rows to the longest draft computes every row at that width)."""
+        pads rows to the longest draft computes every row at that width); None when its
+        time says nothing about this machine (replay reads a recording)."""
 
     def rollback(self, rows: Sequence[Row], drafts: Sequence[list[int]],
                  accepted: Sequence[int]) -> None:
@@ -90,16 +91,14 @@ class Loop:
     `on_finish` runs for a row as soon as it ends, within the step (before the next row is
     observed), so a drafter sees the same call order at any batch size. It may re-arm the
     row for its session's next request and return True: the row then keeps its slot
-    (replay does, so batches keep their order). With `timed` (a real engine, not replay)
-    the drafter is told what each verification cost (`observe_step`), to price its drafts
-    by this machine's own steps.
+    (replay does, so batches keep their order). The drafter is told what each verification
+    of a real engine cost (`observe_step`), to price its drafts by this machine's own steps.
     """
 
     target: Target
     drafter: Drafter | None = None
     on_finish: Callable[[Row], bool | None] | None = None
     rows: list[Row] = field(default_factory=list)
-    timed: bool = False
 
     def join(self, rows: Sequence[Row]) -> None:
         if rows:
@@ -126,9 +125,9 @@ class Loop:
         choices = self.target.verify(self.rows, drafts)
         accepted = [accepted_prefix(d, c) for d, c in zip(drafts, choices)]
         self.target.rollback(self.rows, drafts, accepted)
-        if self.timed and self.drafter is not None:
-            self.drafter.observe_step(len(self.rows), self.target.verified_drafts(drafts),
-                                      (perf_counter_ns() - t0) / 1e9)
+        verified = self.target.verified_drafts(drafts)
+        if verified is not None and self.drafter is not None:
+            self.drafter.observe_step(len(self.rows), verified, (perf_counter_ns() - t0) / 1e9)
         finished, keep = [], []
         for j, (row, d, c, a) in enumerate(zip(self.rows, drafts, choices, accepted)):
             new, row.finish = take(d[:a] + list(c[a:a + 1]), len(row.tokens), row.stop,

@@ -492,7 +492,7 @@ def generate(model: nn.Module, prompt_ids: Sequence[int], drafter: Drafter | Non
     if max_tokens <= 0:
         return _generation(row, speculate, 0.0)
     target = OneRow(model, cache, plan, max_draft, speculate)
-    loop = Loop(target, drafter if speculate else None, rows=[row], timed=True)
+    loop = Loop(target, drafter if speculate else None, rows=[row])
     t_start = perf_counter()
     while loop.rows:
         loop.drafter = drafter if target.speculate else None
@@ -684,7 +684,7 @@ def generate_batch(model: nn.Module, prompts: Sequence[Sequence[int]],
         if on_finish:
             on_finish(row.request, gen)
 
-    loop = Loop(Rows(model, plan, max_draft), drafter, on_finish=finished, timed=True)
+    loop = Loop(Rows(model, plan, max_draft), drafter, on_finish=finished)
     waiting = list(range(n))
     while waiting or loop.rows:
         joining = []

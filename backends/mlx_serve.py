@@ -119,8 +119,7 @@ class ServeEngine:
                 for r in self.loop.rows:
                     self.jobs.pop(id(r)).emit("error", f"generation failed: {e}")
                 self.target = engine.Rows(self.eng.model, self.eng.plan, lam=self.lam)
-                self.loop = Loop(self.target, self.drafter, on_finish=self._finished,
-                                 timed=True)
+                self.loop = Loop(self.target, self.drafter, on_finish=self._finished)
 
     def _load(self) -> None:
         from agentspec.bench import make_drafter
@@ -142,7 +141,7 @@ class ServeEngine:
                                   "(this one has sliding-window or recurrent layers)")
         self.jobs: dict[int, Job] = {}  # id(row) -> its job, while the row is in flight
         self.target = engine.Rows(self.eng.model, self.eng.plan, lam=self.lam)
-        self.loop = Loop(self.target, self.drafter, on_finish=self._finished, timed=True)
+        self.loop = Loop(self.target, self.drafter, on_finish=self._finished)
         self.cache = PromptCache(c.cache_bytes)
 
     def _admit(self) -> None:
