@@ -29,8 +29,8 @@ def _device() -> str:
 
 def machine() -> str:
     """A readable description of this machine and its math library."""
-    blas = "OpenBLAS" if engine.blas_in_use() else ("Accelerate" if platform.system() ==
-                                                     "Darwin" else "reference BLAS")
+    blas = f"OpenBLAS {engine.blas_core()}" if engine.blas_in_use() else (
+        "Accelerate" if platform.system() == "Darwin" else "reference BLAS")
     return costs.machine(f"MLX {mx.__version__} ({_device()}, {blas})")
 
 

@@ -38,8 +38,8 @@ plain=$url
 # mlx_lm.server lists models by scanning the Hugging Face cache, which must exist
 export HF_HUB_CACHE=${HF_HUB_CACHE:-$HOME/.cache/huggingface/hub}
 mkdir -p "$HF_HUB_CACHE"
-# on Linux, MLX's float32 matmuls are fast only with OpenBLAS loaded first, which agentspec's
-# engine does itself: give mlx_lm.server the same library
-blas=$(.venv/bin/python -c 'from agentspec.backends.mlx import find_openblas; print(find_openblas() or "")')
-LD_PRELOAD=$blas start_server mlx_lm "$OUT/mlx_lm.log" .venv/bin/python -m mlx_lm.server --model "$model"
+# on Linux, MLX's float32 matmuls are fast only with OpenBLAS (and this CPU's kernels) loaded
+# first, which agentspec's engine does itself: give mlx_lm.server the same library and kernels
+blas() { .venv/bin/python -c "from agentspec.backends.mlx import blas_env; print(blas_env().get('$1', ''))"; }
+LD_PRELOAD=$(blas LD_PRELOAD) OPENBLAS_CORETYPE=$(blas OPENBLAS_CORETYPE) start_server mlx_lm "$OUT/mlx_lm.log" .venv/bin/python -m mlx_lm.server --model "$model"
 measure "$plain" "$url" plain-vs-mlx_lm 1

@@ -418,3 +418,18 @@ def test_best_width_cuts_one_long_draft_that_every_row_would_pay_for():
     assert E.best_width([16, 0, 0, 0], 0.5, 0.3) < 16  # three rows would verify padding
     assert E.best_width([8, 8, 8, 8], 0.95, 0.05) == 8  # drafts that hold are kept whole
     assert E.best_width([5, 3], 0.01, 0.5) == 0  # drafts that never hold cost only time
+
+
+def test_openblas_kernels_follow_the_cpu_flags():
+    """An OpenBLAS older than the CPU would fall back to SSE3 kernels ("Prescott"): 5x slower."""
+    assert E.openblas_core({"avx2", "fma"} | E.AVX512_FLAGS) == "SkylakeX"
+    assert E.openblas_core({"avx2", "fma", "avx512f"}) == "Haswell"  # partial AVX-512
+    assert E.openblas_core({"sse3", "avx"}) is None  # OpenBLAS's own detection decides
+
+
+def test_openblas_core_set_by_the_user_is_kept(monkeypatch):
+    monkeypatch.setattr(E, "find_openblas", lambda: "/usr/lib/libopenblas.so.0")
+    monkeypatch.setenv("OPENBLAS_CORETYPE", "Zen")
+    assert E.blas_env() == {"LD_PRELOAD": "/usr/lib/libopenblas.so.0", "OPENBLAS_CORETYPE": "Zen"}
+    monkeypatch.setattr(E, "find_openblas", lambda: None)
+    assert E.blas_env() == {}
