@@ -91,7 +91,7 @@ class NgramDrafter:
     def start(self, request: Request) -> None:
         self._buffers[(request.session, request.id)] = _TokenBuffer()
 
-    def propose(self, batch: Sequence[Request]) -> list[list[int]]:
+    def propose(self, batch: Sequence[Request], padded: bool = False) -> list[list[int]]:
         drafts = []
         for req in batch:
             buf = self._buffers.setdefault((req.session, req.id), _TokenBuffer())
@@ -180,7 +180,7 @@ class SuffixDrafter:
             state[1] = len(output)
         return state[0]
 
-    def propose(self, batch: Sequence[Request]) -> list[list[int]]:
+    def propose(self, batch: Sequence[Request], padded: bool = False) -> list[list[int]]:
         drafts = []
         for req in batch:
             arctic_id = self._catch_up(req)

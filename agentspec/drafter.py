@@ -47,8 +47,10 @@ class Drafter(Protocol):
     def start(self, request: Request) -> None:
         """A request begins; its prompt is `request.tokens[:request.num_prompt]`."""
 
-    def propose(self, batch: Sequence[Request]) -> list[list[int]]:
-        """One draft per request (possibly empty), sized for this batch."""
+    def propose(self, batch: Sequence[Request], padded: bool = False) -> list[list[int]]:
+        """One draft per request (possibly empty), sized for this batch. `padded`: the
+        engine verifies the batch as one rectangle, every row as wide as the longest draft
+        (MLX), so a drafter that plans lengths plans one width for all rows."""
 
     def observe(self, request: Request, drafted: int, accepted: int) -> None:
         """After verification: `accepted` of `drafted` draft tokens matched.
@@ -79,7 +81,7 @@ class Plain:
     def start(self, request):
         pass
 
-    def propose(self, batch):
+    def propose(self, batch, padded=False):
         return [[] for _ in batch]
 
     def observe(self, request, drafted, accepted):

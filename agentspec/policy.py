@@ -63,7 +63,8 @@ class Fixed:
     def __post_init__(self) -> None:
         _check(self, "k", self.k >= 1, "must be at least 1")
 
-    def drafts(self, policy: Policy, batch: Sequence[Request], matches: list[Match]):
+    def drafts(self, policy: Policy, batch: Sequence[Request], matches: list[Match],
+               padded: bool = False):
         return [m.tokens[:self.k] if m.length else [] for m in matches]
 
     def observe(self, policy: Policy, request: Request, drafted: int, accepted: int) -> None:
@@ -75,7 +76,8 @@ class Alpha:
     """AgSpec: alpha * match length, capped per role by Kmax; alpha tracks the (1 - lambda)
     quantile of accepted / matched per role (the policy's `Controller`)."""
 
-    def drafts(self, policy: Policy, batch: Sequence[Request], matches: list[Match]):
+    def drafts(self, policy: Policy, batch: Sequence[Request], matches: list[Match],
+               padded: bool = False):
         controller = policy.controller
         controller.lam = policy.lam_at(len(batch))
         return [m.tokens[:controller.length(r.role, m.length)] for r, m in zip(batch, matches)]
@@ -96,7 +98,8 @@ class Algorithm2:
         _check(self, "alpha", self.alpha > 0, "must be positive")
         _check(self, "g_min", 0.0 <= self.g_min <= 1.0, "must be within [0, 1]")
 
-    def drafts(self, policy: Policy, batch: Sequence[Request], matches: list[Match]):
+    def drafts(self, policy: Policy, batch: Sequence[Request], matches: list[Match],
+               padded: bool = False):
         lengths = agentspec_lengths(
             [(m.candidates, m.agree, m.agreed) if m.length else None for m in matches],
             self.alpha, self.g_min)
@@ -114,26 +117,39 @@ class CostAware:
     each draft token's curve knowing whether the other candidate agrees there (`agreement`)
     and what kind of token it is (`token_classes`); every candidate scored against what the
     target wrote, not only the draft sent (`score_all`). No Kmax cap: the acceptance model
-    conditions on match length, which separates long copies from short matches better."""
+    conditions on match length, which separates long copies from short matches better.
+
+    On an engine that pads (`padded`), every row pays for the longest draft: each row
+    keeps its best candidate, and one width is planned for the batch, the one whose
+    expected accepted tokens over all rows gain most against its price. Rows whose
+    drafts are shorter than the width draft up to it, at no extra cost."""
 
     frequency: bool = False
     agreement: bool = False
     token_classes: bool = False
     score_all: bool = False
 
-    def drafts(self, policy: Policy, batch: Sequence[Request], matches: list[Match]):
+    def drafts(self, policy: Policy, batch: Sequence[Request], matches: list[Match],
+               padded: bool = False):
         costs = policy.costs_at(len(batch))
         drafts = []
         for r, m in zip(batch, matches):
             run = policy.running[r.id]
             run.candidates = self._candidates(policy, r, m, run.source)
-            draft, gain, run.sent = [], 0.0, None
+            # padded, a row's best candidate drafts even when it would not pay alone
+            draft, gain, run.sent = [], -np.inf if padded else 0.0, None
             for c in run.candidates:
                 n, c_gain = policy.acceptance.plan(r.role, c.m, c.rows, len(c.rows), costs)
                 if c_gain > gain:
                     draft, gain, run.sent = c.tokens[:n], c_gain, c
-            run.cost = float(costs[len(draft)])
             drafts.append(draft)
+        if padded:
+            width = common_width(policy, batch, costs)
+            runs = [policy.running[r.id] for r in batch]
+            drafts = [run.sent.tokens[:width] if run.sent else [] for run in runs]
+        for r, draft in zip(batch, drafts):  # padded, every row pays for the widest
+            width = max(map(len, drafts)) if padded else len(draft)
+            policy.running[r.id].cost = float(costs[width])
         return drafts
 
     def _candidates(self, policy: Policy, r: Request, m: Match, source: str) -> list[Candidate]:
@@ -164,6 +180,22 @@ class CostAware:
         for c in scores:
             policy.acceptance.observe(request.role, c.m, *scored(c.tokens, revealed), c.rows)
         policy.acceptance.charge(run.cost, accepted)
+
+
+def common_width(policy: Policy, batch: Sequence[Request], costs: np.ndarray) -> int:
+    """The draft width for a batch whose rows all pay for the widest: the one where the
+    rows' expected accepted tokens (each its sent candidate's, up to its length) gain most
+    against what a step of that width costs, R tokens per plain step for every row."""
+    expected = []  # per row: expected accepted tokens of its first n draft tokens, n = 0..
+    for r in batch:
+        sent = policy.running[r.id].sent
+        p = policy.acceptance.accept_probs(r.role, sent.m, sent.rows) \
+            if sent and sent.m > 0 else []
+        expected.append(np.concatenate(([0.0], np.cumsum(p))))
+    widths = np.arange(min(max(map(len, expected)), len(costs)))
+    accepted = sum(e[np.minimum(widths, len(e) - 1)] for e in expected)
+    gain = accepted - len(batch) * policy.acceptance.rate * costs[widths]
+    return int(np.argmax(gain))
 
 
 # --- which corpus's match a request drafts from ------------------------------------------
@@ -466,7 +498,7 @@ class Policy:
         return Match(length=m.length + n, tokens=m.tokens[n:], candidates=m.candidates,
                      agree=m.agree, agreed=max(0, m.agreed - n), position=m.position + n)
 
-    def propose(self, batch: Sequence[Request]) -> list[list[int]]:
+    def propose(self, batch: Sequence[Request], padded: bool = False) -> list[list[int]]:
         cfg = self.config
         matches = []
         for r in batch:
@@ -477,7 +509,7 @@ class Policy:
                 run.source, followed = self._retrieve(r, run, cfg.max_k)
             run.match = followed
             matches.append(followed)
-        return cfg.length.drafts(self, batch, matches)
+        return cfg.length.drafts(self, batch, matches, padded)
 
     def costs_at(self, b: int) -> np.ndarray:
         """C[n] at batch size b, read once per size until the learned prices change."""

@@ -35,6 +35,8 @@ class _Cursor:
 class Recording:
     """A target whose choices are the recorded outputs (rows hold their _Cursor as state)."""
 
+    padded = False  # drafts are priced row by row, as vLLM verifies them
+
     def join(self, rows):
         pass
 

@@ -59,6 +59,8 @@ class Row:
 class Target(Protocol):
     """What an engine supplies to the loop."""
 
+    padded: bool  # verifies a batch as one rectangle: every row pays the longest draft
+
     def join(self, rows: Sequence[Row]) -> None:
         """Rows enter the batch (prefill, merge caches)."""
 
@@ -109,7 +111,8 @@ class Loop:
         if self.drafter is None:
             return [[] for _ in self.rows]
         t0 = perf_counter_ns()
-        proposed = self.drafter.propose([r.request for r in self.rows])
+        proposed = self.drafter.propose([r.request for r in self.rows],
+                                        padded=self.target.padded and len(self.rows) > 1)
         share = (perf_counter_ns() - t0) // len(self.rows)
         for row in self.rows:
             row.drafter_ns += share

@@ -473,6 +473,8 @@ class OneRow:
     the cache, so the output stays exact (`speculate` tells the caller to stop drafting).
     """
 
+    padded = False
+
     def __init__(self, model: nn.Module, cache: list, plan: CachePlan, max_draft: int,
                  speculate: bool):
         self.model, self.cache, self.plan = model, cache, plan
@@ -600,17 +602,16 @@ class Rows:
     (prefilled here when None).
 
     Every row is padded to the longest draft, so one long draft makes every row pay for
-    it: with `lam` (lambda(b) of the cost profile) the drafts are cut to the common width
-    that gives the most expected tokens per unit of step time (`best_width`).
+    it (`padded`): the drafter plans one width for the batch.
     """
 
-    def __init__(self, model: nn.Module, plan: CachePlan, max_draft: int = 64,
-                 lam: Callable[[int], float] | None = None):
-        self.model, self.plan, self.max_draft, self.lam = model, plan, max_draft, lam
+    padded = True
+
+    def __init__(self, model: nn.Module, plan: CachePlan, max_draft: int = 64):
+        self.model, self.plan, self.max_draft = model, plan, max_draft
         self.vocab = _vocab(model)
         self.cache: list | None = None
         self.width = 1
-        self.held, self.broke = 1, 1  # draft tokens accepted / drafts cut short by the target
 
     def join(self, rows):
         single = [r.state if r.state is not None else
@@ -625,13 +626,8 @@ class Rows:
                 c.extend(m)
 
     def clip(self, rows, drafts):
-        drafts = [_clip(d, min(self.max_draft, r.max_tokens - len(r.tokens) - 1), self.vocab)
-                  for r, d in zip(rows, drafts)]
-        if self.lam is None or len(rows) < 2:
-            return drafts
-        w = best_width([len(d) for d in drafts], self.held / (self.held + self.broke),
-                       self.lam(len(rows)))
-        return [d[:w] for d in drafts]
+        return [_clip(d, min(self.max_draft, r.max_tokens - len(r.tokens) - 1), self.vocab)
+                for r, d in zip(rows, drafts)]
 
     def verify(self, rows, drafts):
         self.width = 1 + max(len(d) for d in drafts)
@@ -647,8 +643,6 @@ class Rows:
         return len(drafts) * (self.width - 1)  # every row is computed at the widest draft
 
     def rollback(self, rows, drafts, accepted):
-        self.held += sum(accepted)
-        self.broke += sum(a < len(d) for d, a in zip(drafts, accepted))
         reject = [self.width - 1 - a for a in accepted]  # fed width, keep pending + a drafts
         common = min(reject)
         rollback(self.cache, common, self.plan)
@@ -669,26 +663,6 @@ class Rows:
         idx = mx.array(list(keep), dtype=mx.int32)
         for c in self.cache:
             c.filter(idx)
-
-
-def best_width(lengths: Sequence[int], hold: float, lam: float) -> int:
-    """The common draft width w that maximizes expected tokens per step time.
-
-    A row drafting d tokens cut to w yields 1 + h + ... + h^min(d, w) tokens when each
-    draft token holds with probability h; a step verifying w drafts per row costs
-    1 + lam * w plain steps (lambda(b) of the cost profile).
-    """
-    h = min(max(hold, 0.0), 0.999)
-
-    def tokens(n: int) -> float:
-        return 1.0 + h * (1.0 - h ** n) / (1.0 - h)
-
-    best, best_rate = 0, -1.0
-    for w in sorted(set(lengths) | {0}):
-        rate = sum(tokens(min(d, w)) for d in lengths) / (1.0 + lam * w)
-        if rate > best_rate:
-            best, best_rate = w, rate
-    return best
 
 
 def batchable(model: nn.Module, plan: CachePlan, longest: int) -> bool:

@@ -118,7 +118,7 @@ class ServeEngine:
                 log.error("agentspec serve: step failed: %s: %s", type(e).__name__, e)
                 for r in self.loop.rows:
                     self.jobs.pop(id(r)).emit("error", f"generation failed: {e}")
-                self.target = engine.Rows(self.eng.model, self.eng.plan, lam=self.lam)
+                self.target = engine.Rows(self.eng.model, self.eng.plan)
                 self.loop = Loop(self.target, self.drafter, on_finish=self._finished)
 
     def _load(self) -> None:
@@ -128,11 +128,11 @@ class ServeEngine:
         self.eng = engine.load(c.model, c.dtype)
         if self.eng.plan.mode == "none" or self.eng.plan.reason:
             self.say(f"warning: {self.eng.plan.reason}")
-        self.drafter, self.lam, encode = None, None, None
+        self.drafter, encode = None, None
         if c.method != "plain":
             setup = serve_setup(self.eng, c, self.say)
             self.drafter = make_drafter(c.method, setup)
-            self.lam, encode = setup.profile.lam, setup.tokenizer.encode
+            encode = setup.tokenizer.encode
         # plain serving tells sessions apart too: /metrics counts them for either method
         self.book = SessionBook(self.drafter if self.drafter is not None else Plain(),
                                 c.max_sessions, encode)
@@ -140,7 +140,7 @@ class ServeEngine:
             raise engine.MLXError("serve needs a model whose layers all keep a plain KV cache "
                                   "(this one has sliding-window or recurrent layers)")
         self.jobs: dict[int, Job] = {}  # id(row) -> its job, while the row is in flight
-        self.target = engine.Rows(self.eng.model, self.eng.plan, lam=self.lam)
+        self.target = engine.Rows(self.eng.model, self.eng.plan)
         self.loop = Loop(self.target, self.drafter, on_finish=self._finished)
         self.cache = PromptCache(c.cache_bytes)
 

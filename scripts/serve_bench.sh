@@ -5,9 +5,11 @@
 #   OUT/full-vs-plain.b1.json      --method full against --method plain, one client
 #   OUT/full-vs-plain.b4.json      the same with 4 sessions' calls in flight (new servers)
 #   OUT/plain-vs-mlx_lm.b1.json    --method plain against mlx-lm's own mlx_lm.server
+#   OUT/nocache-vs-plain.b1.json   --method plain --cache-gb 0 (no prompt cache) against
+#                                  --method plain: time to first token without and with it
 # plus each server's /metrics after its run and its log. Servers are stopped on exit.
 #
-#   bash scripts/serve_bench.sh OUT        (about 30 min on a 2-core CPU)
+#   bash scripts/serve_bench.sh OUT        (about 50 min on a 2-core CPU)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:?usage: bash scripts/serve_bench.sh OUT}
@@ -43,3 +45,7 @@ mkdir -p "$HF_HUB_CACHE"
 blas() { .venv/bin/python -c "from agentspec.backends.mlx import blas_env; print(blas_env().get('$1', ''))"; }
 LD_PRELOAD=$(blas LD_PRELOAD) OPENBLAS_CORETYPE=$(blas OPENBLAS_CORETYPE) start_server mlx_lm "$OUT/mlx_lm.log" .venv/bin/python -m mlx_lm.server --model "$model"
 measure "$plain" "$url" plain-vs-mlx_lm 1
+start_server nocache "$OUT/nocache.log" .venv/bin/agentspec serve --method plain --cache-gb 0
+nocache=$url
+start_server plain "$OUT/plain.cache.log" .venv/bin/agentspec serve --method plain
+measure "$nocache" "$url" nocache-vs-plain 1

@@ -409,3 +409,27 @@ def test_a_bad_strategy_fails_at_construction_naming_it(change, named):
 def test_a_bad_strategy_value_fails_naming_the_strategy(make, named):
     with pytest.raises(ValueError, match=re.escape(named)):
         make()
+
+
+def test_a_padded_batch_drafts_one_width_and_charges_every_row_for_it():
+    """MLX pads a batch to its widest draft: one width is planned for all rows, and a lone
+    long draft, which every row would pay for, is cut where the batch stops gaining."""
+    def batch():
+        p = Policy(replace(ladder(0.2)["full"], length=CostAware()))  # copies only
+        p.register("A", PROMPT, list(range(100, 160)))  # a long text to copy
+        p.register("B", PROMPT, [7, 8, 9, 10, 11])  # a short one: 3 tokens after [7, 8]
+        rows = [request("a", "A", [100, 101, 102]), request("b", "B", [7, 8])]
+        for r in rows:
+            p.start(r)
+        return p, rows
+
+    p, rows = batch()
+    alone = p.propose(rows)
+    p, rows = batch()
+    padded = p.propose(rows, padded=True)
+    width = len(padded[0])
+    assert len(alone[0]) > 3 and alone[1] == [9, 10, 11]
+    assert 0 < width < len(alone[0]) and padded[0] == alone[0][:width]
+    assert padded[1] == [9, 10, 11][:width]
+    # every row is charged the price of the width it is verified at
+    assert [p.running[r.id].cost for r in rows] == [p.costs_at(2)[width]] * 2

@@ -27,7 +27,7 @@ class Oracle(Plain):
     def __init__(self, targets, k, wrong_tail=0):
         self.targets, self.k, self.wrong_tail = targets, k, wrong_tail
 
-    def propose(self, batch):
+    def propose(self, batch, padded=False):
         drafts = []
         for r in batch:
             done = len(r.output)

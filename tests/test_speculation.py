@@ -19,6 +19,8 @@ def test_accepted_prefix_and_take():
 class Echo:
     """A target whose choice at every position is the row's script; records rollbacks."""
 
+    padded = False
+
     def __init__(self, scripts):
         self.scripts, self.rolled, self.left = scripts, [], []
 
@@ -46,7 +48,7 @@ class Fixed(Plain):
     def __init__(self, drafts):
         self.drafts, self.seen = drafts, []
 
-    def propose(self, batch):
+    def propose(self, batch, padded=False):
         return [list(self.drafts.get(r.id, [])) for r in batch]
 
     def observe(self, request, drafted, accepted):
@@ -169,3 +171,21 @@ def test_a_call_joins_the_session_whose_first_prompt_it_continues():
     assert call("x", [1, 2, 3], []) not in (a, b, "mine")  # too short to be anyone's
     assert common_prefix([1, 2, 3], [1, 2, 4, 5]) == 2 and common_prefix([], [1]) == 0
     assert common_prefix([1, 2], [1, 2, 3]) == 2
+
+
+def test_the_drafter_hears_when_a_batch_is_padded():
+    """Only a padded target with more than one row asks for one width."""
+    class Asked(Fixed):
+        def propose(self, batch, padded=False):
+            self.asked.append(padded)
+            return super().propose(batch, padded)
+
+    for padded, rows, expected in ((True, 2, True), (True, 1, False), (False, 2, False)):
+        drafter = Asked({"a": [1, 2], "b": [7, 8]})
+        drafter.asked = []
+        target = Echo({"a": [1, 2, 3], "b": [7, 8, 9]})
+        target.padded = padded
+        loop = Loop(target, drafter)
+        loop.join([row(rid, 3) for rid in "ab"[:rows]])
+        loop.step()
+        assert drafter.asked == [expected]
