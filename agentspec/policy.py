@@ -147,9 +147,9 @@ class CostAware:
             width = common_width(policy, batch, costs)
             runs = [policy.running[r.id] for r in batch]
             drafts = [run.sent.tokens[:width] if run.sent else [] for run in runs]
+        widest = max(map(len, drafts), default=0)
         for r, draft in zip(batch, drafts):  # padded, every row pays for the widest
-            width = max(map(len, drafts)) if padded else len(draft)
-            policy.running[r.id].cost = float(costs[width])
+            policy.running[r.id].cost = float(costs[widest if padded else len(draft)])
         return drafts
 
     def _candidates(self, policy: Policy, r: Request, m: Match, source: str) -> list[Candidate]:
