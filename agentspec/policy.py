@@ -147,7 +147,7 @@ class CostAware:
             width = common_width(policy, batch, costs)
             runs = [policy.running[r.id] for r in batch]
             drafts = [run.sent.tokens[:width] if run.sent else [] for run in runs]
-        widest = max(map(len, drafts), default=0)
+        widest = max(map(len, drafts), default=0) if padded else 0
         for r, draft in zip(batch, drafts):  # padded, every row pays for the widest
             policy.running[r.id].cost = float(costs[widest if padded else len(draft)])
         return drafts

@@ -100,10 +100,11 @@ def blas_env() -> dict[str, str]:
 
 def blas_core() -> str | None:
     """The kernel family the loaded OpenBLAS uses (e.g. "SkylakeX"), if OpenBLAS is loaded."""
-    if not blas_in_use():
+    path = blas_in_use()
+    if path is None:
         return None
     try:
-        corename = ctypes.CDLL(blas_in_use()).openblas_get_corename
+        corename = ctypes.CDLL(path).openblas_get_corename
     except (OSError, AttributeError):
         return None
     corename.restype = ctypes.c_char_p
@@ -453,6 +454,12 @@ def _clip(draft: Sequence[int], k: int, vocab: int) -> list[int]:
     return out
 
 
+def _clip_rows(rows, drafts, max_draft: int, vocab: int) -> list[list[int]]:
+    """Each row's draft cut to what it may still emit (and to max_draft and the vocabulary)."""
+    return [_clip(d, min(max_draft, r.max_tokens - len(r.tokens) - 1), vocab)
+            for r, d in zip(rows, drafts)]
+
+
 def check_context(n_prompt: int, max_tokens: int, context: int | None) -> int:
     if n_prompt < 1:
         raise MLXError("the prompt is empty")
@@ -485,8 +492,7 @@ class OneRow:
         pass
 
     def clip(self, rows, drafts):
-        return [_clip(d, min(self.max_draft, r.max_tokens - len(r.tokens) - 1), self.vocab)
-                for r, d in zip(rows, drafts)]
+        return _clip_rows(rows, drafts, self.max_draft, self.vocab)
 
     def verify(self, rows, drafts):
         (row,), (draft,) = rows, drafts
@@ -626,8 +632,7 @@ class Rows:
                 c.extend(m)
 
     def clip(self, rows, drafts):
-        return [_clip(d, min(self.max_draft, r.max_tokens - len(r.tokens) - 1), self.vocab)
-                for r, d in zip(rows, drafts)]
+        return _clip_rows(rows, drafts, self.max_draft, self.vocab)
 
     def verify(self, rows, drafts):
         self.width = 1 + max(len(d) for d in drafts)
