@@ -105,7 +105,7 @@ class NgramDrafter:
     def observe(self, request: Request, drafted: int, accepted: int) -> None:
         pass
 
-    def observe_step(self, rows: int, drafts: int, seconds: float) -> None:
+    def observe_step(self, verified: Sequence[int], seconds: float) -> None:
         pass
 
     def finish(self, request: Request) -> None:
@@ -203,7 +203,7 @@ class SuffixDrafter:
     def observe(self, request: Request, drafted: int, accepted: int) -> None:
         pass
 
-    def observe_step(self, rows: int, drafts: int, seconds: float) -> None:
+    def observe_step(self, verified: Sequence[int], seconds: float) -> None:
         pass
 
     def finish(self, request: Request) -> None:

@@ -58,9 +58,9 @@ class Drafter(Protocol):
         Called after the engine appended the step's new tokens to `request.tokens`.
         """
 
-    def observe_step(self, rows: int, drafts: int, seconds: float) -> None:
-        """A decode step of a real engine verified `drafts` draft tokens over `rows` rows in
-        `seconds` of wall time (drafters that learn what drafting costs use it)."""
+    def observe_step(self, verified: Sequence[int], seconds: float) -> None:
+        """A decode step of a real engine verified `verified[i]` draft tokens in its row i
+        in `seconds` of wall time (drafters that learn what drafting costs use it)."""
 
     def finish(self, request: Request) -> None:
         """The request ended; `request.output` is its real output."""
@@ -87,7 +87,7 @@ class Plain:
     def observe(self, request, drafted, accepted):
         pass
 
-    def observe_step(self, rows, drafts, seconds):
+    def observe_step(self, verified, seconds):
         pass
 
     def finish(self, request):

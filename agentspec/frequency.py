@@ -39,6 +39,11 @@ class FrequencyDraft:
     match_len: int  # context tokens matched in the tree
 
     @property
+    def score(self) -> float:
+        """SuffixDecoding's score of a draft: its expected number of accepted tokens."""
+        return float(self.probs.sum())
+
+    @property
     def classes(self) -> np.ndarray:
         """Each token's frequency class (an index into FREQUENCY_CLASSES): how sure the tree
         was of it, by P(token | tokens before it) as the tree counts it."""

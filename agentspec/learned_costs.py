@@ -6,21 +6,24 @@ what the whole batch verifies. On vLLM's CPU build, for one, a profiled batch of
 pays 40% of a step for each row's first draft token (the batch leaves the pure-decode
 path), while in a served batch, where some row nearly always drafts, a draft token costs
 about 3% of a step; and a profile measured while the machine was busy overprices every
-draft. So the engine reports each decode step (rows, draft tokens verified, wall seconds)
-and `LearnedCosts` fits, with old steps fading,
+draft. So the engine reports each decode step (the draft length it verified in each row,
+wall seconds) and `LearnedCosts` fits, with old steps fading,
 
-    seconds = base + per_row * rows + per_draft * drafts
+    seconds = base + per_row * rows + per_drafting_row * rows_that_draft + per_draft * drafts
 
-then prices n draft tokens per row at batch size b as b * n * per_draft / step(b): what a
-step of b rows that each draft n tokens costs beyond a plain step, in plain steps, the
-profile's unit. (The policy charges a row that whole price because the step it lengthens
-carries all b rows' tokens.) Until enough steps with varied drafts are seen, the prior (the
-profile's curve, or a fixed lambda) stands.
+(a row that drafts at all pays a fixed part too: on vLLM's CPU build ~4 ms, two draft
+tokens' worth, for the bookkeeping of a speculative row; on MLX, verifying 2 tokens
+instead of 1 leaves the matrix-vector kernels), then prices n draft tokens per row at batch
+size b as b * (per_drafting_row + n * per_draft) / step(b), zero for n = 0: what a step of
+b rows that each draft n tokens costs beyond a plain step, in plain steps, the profile's
+unit. (The policy charges a row that whole price because the step it lengthens carries all
+b rows' tokens.) Until enough steps with varied drafts are seen, the prior (the profile's
+curve, or a fixed lambda) stands.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -28,22 +31,27 @@ MIN_STEPS = 64  # decode steps seen before the fit replaces the prior
 MIN_DRAFT_SPREAD = 1.0  # standard deviation of drafts per step the fit needs
 DECAY = 0.998  # weight of a step per newer step: a half-life of ~350 steps
 REFIT_EVERY = 32  # steps between refreshes of the prices the policy reads
+TERMS = ("base", "per_row", "per_drafting_row", "per_draft")  # the fit's, in seconds
+BASE, PER_ROW, PER_DRAFTING_ROW, PER_DRAFT = range(len(TERMS))
 
 
 class LearnedCosts:
     def __init__(self, prior: Callable[[int, int], np.ndarray]):
         self.prior = prior
-        self.moments = np.zeros((4, 4))  # weighted sums of [1, rows, drafts, seconds] products
+        # weighted sums of products of [1, rows, rows that draft, drafts, seconds]
+        self.moments = np.zeros((5, 5))
         self.steps = 0
-        self.coef: np.ndarray | None = None  # base, per_row, per_draft once fitted
+        self.coef: np.ndarray | None = None  # the TERMS once fitted
 
-    def observe(self, rows: int, drafts: int, seconds: float) -> bool:
-        """One decode step; True when the prices changed (every REFIT_EVERY steps)."""
+    def observe(self, verified: Sequence[int], seconds: float) -> bool:
+        """One decode step that verified `verified[i]` draft tokens in row i; True when the
+        prices changed (every REFIT_EVERY steps)."""
+        rows, drafting, drafts = len(verified), sum(1 for n in verified if n), sum(verified)
         if rows <= 0 or seconds <= 0:
             return False
-        if self.coef is not None and seconds > 3 * self._step(rows, drafts):
+        if self.coef is not None and seconds > 3 * self._step(rows, drafting, drafts):
             return False  # a pause outside the step (a collection, another process)
-        x = np.array([1.0, rows, drafts, seconds])
+        x = np.array([1.0, rows, drafting, drafts, seconds])
         self.moments = DECAY * self.moments + np.outer(x, x)
         self.steps += 1
         if self.steps % REFIT_EVERY or self.steps < MIN_STEPS:
@@ -56,24 +64,33 @@ class LearnedCosts:
         def spread(i: int) -> float:
             return m[i, i] - m[0, i] ** 2
 
-        if spread(2) < MIN_DRAFT_SPREAD ** 2:
+        if spread(PER_DRAFT) < MIN_DRAFT_SPREAD ** 2:
             return False
-        # with one batch size seen, rows repeats the intercept: fit base + per_draft only
-        used = [0, 1, 2] if spread(1) > 0.01 else [0, 2]
-        solved = np.linalg.lstsq(m[np.ix_(used, used)], m[used, 3], rcond=None)[0]
-        coef = np.zeros(3)
-        coef[used] = solved
-        if coef[2] < 0 or coef[0] + coef[1] <= 0:
+        # a term that never varies repeats the intercept (one batch size seen; every row
+        # drafting): it is left out, and so is a fixed part the steps price below zero
+        used = [BASE] + [i for i in (PER_ROW, PER_DRAFTING_ROW) if spread(i) > 0.01] + \
+            [PER_DRAFT]
+        coef = self._solve(m, used)
+        if coef[PER_DRAFTING_ROW] < 0:
+            coef = self._solve(m, [i for i in used if i != PER_DRAFTING_ROW])
+        if coef[PER_DRAFT] < 0 or coef[BASE] + coef[PER_ROW] <= 0:
             return False
         self.coef = coef
         return True
 
-    def _step(self, rows: int, drafts: int) -> float:
-        base, per_row, per_draft = self.coef
-        return base + per_row * rows + per_draft * drafts
+    @staticmethod
+    def _solve(m: np.ndarray, used: list[int]) -> np.ndarray:
+        coef = np.zeros(4)
+        coef[used] = np.linalg.lstsq(m[np.ix_(used, used)], m[used, 4], rcond=None)[0]
+        return coef
+
+    def _step(self, rows: int, drafting: int, drafts: int) -> float:
+        return float(self.coef @ [1.0, rows, drafting, drafts])
 
     def draft_costs(self, b: int, max_k: int) -> np.ndarray:
         """C[n], n = 0..max_k: n draft tokens per row at batch size b, in plain steps."""
-        if self.coef is None or self._step(b, 0) <= 0:
+        if self.coef is None or self._step(b, 0, 0) <= 0:
             return self.prior(b, max_k)
-        return np.arange(max_k + 1, dtype=np.float64) * b * self.coef[2] / self._step(b, 0)
+        n = np.arange(max_k + 1, dtype=np.float64)
+        extra = np.where(n > 0, self.coef[PER_DRAFTING_ROW], 0.0) + n * self.coef[PER_DRAFT]
+        return b * extra / self._step(b, 0, 0)

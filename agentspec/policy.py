@@ -17,7 +17,8 @@ mechanisms on and names two small strategy objects, composed per rung by `ladder
   keep reading it instead of searching again; a continuation that runs into the output
   being written (the output repeats itself) goes on repeating, as an overlapping copy does.
 - frequency (ours, after SuffixDecoding): beside the best copy, the most frequent
-  continuation of the last few tokens over all outputs (`agentspec.frequency`); each step
+  continuation of the last few tokens over all outputs or over this session's own text
+  (the one SuffixDecoding would score higher, `agentspec.frequency`); each step
   drafts whichever of the two gains more under the cost model. Each draft token's curve
   knows whether the other candidate agrees there and what kind of token it is, and both
   candidates are scored against what the target wrote, drafted or not, so the choice is
@@ -43,6 +44,9 @@ from agentspec.match import Corpus, Match
 from agentspec.speculation import accepted_prefix
 from agentspec.structure import BlockTracker, StructureError, parse_structure
 
+# tokens per segment of a session's frequency tree, which keeps the last two (~0.3 KB a
+# token in arctic's tree at worst: ~20 MB per session)
+TEXT_SEGMENT = 32_768
 NO_MATCH = Match(length=0, tokens=[], candidates=0, agree=0, agreed=0, position=-1)
 
 
@@ -161,11 +165,16 @@ class CostAware:
             found.append(Candidate(tokens, m.length,
                                    policy.rows(policy.acceptance.kind(source), tokens)))
         if policy.tree is not None:
-            frequent = policy.tree.draft(r.tokens, max_k)
+            # as SuffixDecoding: the session's text or all outputs, whichever scores higher;
+            # the acceptance model keeps their curves apart
+            kinds, frequent = policy.frequency_kinds, policy.tree.draft(r.tokens, max_k)
+            text = policy.sessions[r.session].text
+            local = text.draft(r.tokens, max_k) if text is not None else frequent
+            if local.score > frequent.score:
+                kinds, frequent = policy.session_frequency_kinds, local
             if frequent.tokens:
-                found.append(Candidate(
-                    frequent.tokens, frequent.match_len,
-                    policy.rows(policy.frequency_kinds[frequent.classes], frequent.tokens)))
+                found.append(Candidate(frequent.tokens, frequent.match_len,
+                                       policy.rows(kinds[frequent.classes], frequent.tokens)))
             if len(found) == 2 and self.agreement:
                 mark_agreement(*found)
         return found
@@ -284,6 +293,10 @@ class _Session:
     s: Corpus
     w: Corpus
     blocks: dict[tuple[str, str, str | None], Corpus] = field(default_factory=dict)
+    # S's text in a frequency tree: SuffixDecoding's per-request prompt tree, grown as the
+    # session goes instead of rebuilt from each prompt; it keeps the last two segments
+    text: FrequencyTree | None = None
+    text_tokens: int = 0  # in its current segment
 
 
 @dataclass
@@ -380,6 +393,9 @@ class Policy:
         # the acceptance model's kind of each frequency class
         self.frequency_kinds = np.array([self.acceptance.kind(k) for k in FREQUENCY_CLASSES]) \
             if self.tree is not None else None
+        self.session_frequency_kinds = np.array(
+            [self.acceptance.kind("S" + k) for k in FREQUENCY_CLASSES]) \
+            if self.tree is not None else None
 
     @property
     def global_seed_outputs(self) -> int:
@@ -391,6 +407,9 @@ class Policy:
         if sid not in self.sessions:
             self.sessions[sid] = _Session(Corpus(max_tokens=self.config.s_max_tokens),
                                           Corpus(max_tokens=self.config.s_max_tokens))
+            if self.tree is not None and self.config.session:
+                self.sessions[sid].text = FrequencyTree(max_texts=2)
+                self.sessions[sid].text.start(sid)
         return self.sessions[sid]
 
     def register(self, session: str, kind: str, tokens: Sequence[int], path: str = "") -> None:
@@ -407,6 +426,7 @@ class Policy:
         elif kind != OUTPUT and self.config.session:
             st.s.extend(tokens)
             st.s.end_document()
+            self._add_text(st, session, tokens)
 
     # --- requests --------------------------------------------------------------------
     def start(self, request: Request) -> None:
@@ -435,6 +455,7 @@ class Policy:
         st = self.sessions[request.session]
         if self.config.session:
             st.s.extend(new)
+        self._add_text(st, request.session, new)
         if self.tree is not None:
             self.tree.extend(request.id, new)
             if self.tree.error is not None:
@@ -448,6 +469,19 @@ class Policy:
                     self._block(st, request, labels[start]).extend(new[start:i])
                     start = i
         return new
+
+    @staticmethod
+    def _add_text(st: _Session, sid: str, tokens: Sequence[int]) -> None:
+        """Append to the session's frequency tree; past TEXT_SEGMENT tokens a new segment
+        starts and the oldest of three goes, so a long session's tree stays bounded."""
+        if st.text is None:
+            return
+        if st.text_tokens >= TEXT_SEGMENT:
+            st.text.finish(sid)
+            st.text.start(sid)
+            st.text_tokens = 0
+        st.text.extend(sid, tokens)
+        st.text_tokens += len(tokens)
 
     def _block(self, st: _Session, request: Request, label: str | None) -> Corpus:
         key = (request.agent, request.query, label)
@@ -517,8 +551,8 @@ class Policy:
             self._costs[b] = self.costs.draft_costs(b, self.config.max_k)
         return self._costs[b]
 
-    def observe_step(self, rows: int, drafts: int, seconds: float) -> None:
-        if self.costs.observe(rows, drafts, seconds):
+    def observe_step(self, verified: Sequence[int], seconds: float) -> None:
+        if self.costs.observe(verified, seconds):
             self._costs.clear()
 
     def rows(self, kinds: int | np.ndarray, tokens: list[int]) -> np.ndarray:

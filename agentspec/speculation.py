@@ -73,10 +73,10 @@ class Target(Protocol):
         Usually len(draft) + 1 tokens; fewer when the target has no more to say (replay).
         """
 
-    def verified_drafts(self, drafts: Sequence[list[int]]) -> int | None:
-        """Draft tokens the last `verify` computed: what its time paid for (an engine that
-        pads rows to the longest draft computes every row at that width); None when its
-        time says nothing about this machine (replay reads a recording)."""
+    def verified_drafts(self, drafts: Sequence[list[int]]) -> list[int] | None:
+        """Draft tokens the last `verify` computed in each row: what its time paid for (an
+        engine that pads rows to the longest draft computes every row at that width); None
+        when its time says nothing about this machine (replay reads a recording)."""
 
     def rollback(self, rows: Sequence[Row], drafts: Sequence[list[int]],
                  accepted: Sequence[int]) -> None:
@@ -130,7 +130,7 @@ class Loop:
         self.target.rollback(self.rows, drafts, accepted)
         verified = self.target.verified_drafts(drafts)
         if verified is not None and self.drafter is not None:
-            self.drafter.observe_step(len(self.rows), verified, (perf_counter_ns() - t0) / 1e9)
+            self.drafter.observe_step(verified, (perf_counter_ns() - t0) / 1e9)
         finished, keep = [], []
         for j, (row, d, c, a) in enumerate(zip(self.rows, drafts, choices, accepted)):
             new, row.finish = take(d[:a] + list(c[a:a + 1]), len(row.tokens), row.stop,

@@ -500,7 +500,7 @@ class OneRow:
         return [choose(logits, row.temperature, row.seed, len(row.tokens), row.top_p)]
 
     def verified_drafts(self, drafts):
-        return len(drafts[0])
+        return [len(drafts[0])]
 
     def rollback(self, rows, drafts, accepted):
         (row,), (draft,), (a,) = rows, drafts, accepted
@@ -645,7 +645,7 @@ class Rows:
                 for j, r in enumerate(rows)]
 
     def verified_drafts(self, drafts):
-        return len(drafts) * (self.width - 1)  # every row is computed at the widest draft
+        return [self.width - 1] * len(drafts)  # every row is computed at the widest draft
 
     def rollback(self, rows, drafts, accepted):
         reject = [self.width - 1 - a for a in accepted]  # fed width, keep pending + a drafts

@@ -50,6 +50,7 @@ import time
 from pathlib import Path
 
 from agentspec.drafter import PROMPT, Request
+from agentspec.learned_costs import TERMS
 from agentspec.sessions import PREFIX, SessionBook, request_files, request_meta
 from agentspec.structure import token_bytes
 
@@ -137,7 +138,7 @@ class AgentspecProposer:
         self.book = SessionBook(self.policy, int(os.environ.get(MAX_SESSIONS_ENV) or 64),
                                 self.encode)
         self.runner = None  # set by the hook around propose_draft_token_ids
-        self.step_shape: tuple[int, int] | None = None  # see bind
+        self.step_shape: list[int] | None = None  # see bind
         self.last_propose: float | None = None  # when propose was last called
         self.scheduled: dict[str, list[int]] = {}  # drafts vLLM verified this step
         self.requests: dict[str, Request] = {}
@@ -165,7 +166,7 @@ class AgentspecProposer:
         t0 = time.perf_counter()
         if self.step_shape is not None and self.last_propose is not None:
             # propose to propose is one engine step, the one that verified our last drafts
-            self.policy.observe_step(*self.step_shape, t0 - self.last_propose)
+            self.policy.observe_step(self.step_shape, t0 - self.last_propose)
         self.last_propose = t0
         self.stats["propose_calls"] += 1
         drafts: list[list[int]] = [[] for _ in sampled_token_ids]
@@ -202,12 +203,12 @@ class AgentspecProposer:
     def bind(self, runner, scheduler_output) -> None:
         self.runner = runner
         self.scheduled = getattr(scheduler_output, "scheduled_spec_decode_tokens", None) or {}
-        # (rows, draft tokens) of the step that just ran when it only decoded; a step that
-        # prefilled too costs what its prompts cost and teaches nothing about drafts
-        rows = len(getattr(scheduler_output, "num_scheduled_tokens", None) or {})
-        drafts = sum(len(d) for d in self.scheduled.values())
+        # the draft length of each row of the step that just ran when it only decoded; a
+        # step that prefilled too costs what its prompts cost and teaches nothing of drafts
+        rows = getattr(scheduler_output, "num_scheduled_tokens", None) or {}
+        verified = [len(self.scheduled.get(req_id, ())) for req_id in rows]
         total = getattr(scheduler_output, "total_num_scheduled_tokens", -1)
-        self.step_shape = (rows, drafts) if rows and total == rows + drafts else None
+        self.step_shape = verified if rows and total == len(rows) + sum(verified) else None
 
     def finish(self, req_id: str, req_state=None) -> None:
         req = self.requests.pop(req_id, None)
@@ -224,7 +225,7 @@ class AgentspecProposer:
         if path:  # the drafter runs in vLLM's engine process: tests read its counts here
             coef = self.policy.costs.coef
             self.stats["learned_step_s"] = None if coef is None else dict(
-                zip(("base", "per_row", "per_draft"), map(float, coef)))
+                zip(TERMS, map(float, coef)))
             Path(path).write_text(json.dumps(self.stats))
 
     # --- internals -------------------------------------------------------------------

@@ -186,3 +186,37 @@ def test_frequency_is_a_rung_switch_and_copies_alone_stay_as_they_were():
     assert ladder()["full"].length.frequency and isinstance(ladder()["global"].length, Fixed)
     p = Policy(PolicyConfig("x", global_=True, choose=MostExpected(), length=CostAware()))
     assert p.tree is None and not p.warnings
+
+
+def test_full_drafts_by_frequency_from_the_sessions_own_text():
+    # in this session's prompt, `5 6` is followed by 7 twice and by 9 once
+    p = Policy(replace(ladder()["full"], global_=False))
+    p.register("A", PROMPT, [5, 6, 7, 1, 5, 6, 9, 2, 5, 6, 7, 3])
+    kinds = {}
+
+    def frequency_candidates(rid: str, session: str) -> dict[str, list[int]]:
+        r = request(rid, session, [4, 4, 5, 6])
+        p.start(r)
+        p.propose([r])
+        kinds.update({v: k for k, v in p.acceptance.kinds.items()})
+        found = {kinds[int(c.rows[0]) // MODIFIERS]: c.tokens for c in p.running[rid].candidates}
+        return {k: v for k, v in found.items() if "F" in k}
+
+    # no output was seen yet: the session's tree drafts, sure of 7 at 2 in 3
+    assert {k: v[:1] for k, v in frequency_candidates("r", "A").items()} == {"SF<.8": [7]}
+    # a session never drafts from another one's text
+    assert frequency_candidates("q", "B") == {}
+
+
+def test_a_sessions_text_tree_keeps_its_last_two_segments(monkeypatch):
+    from agentspec import policy as policy_module
+
+    monkeypatch.setattr(policy_module, "TEXT_SEGMENT", 6)
+    p = Policy(replace(ladder()["full"], global_=False))
+    p.register("A", PROMPT, [5, 6, 7, 1, 1, 1])  # segment 1: 5 6 -> 7
+    text = p.sessions["A"].text
+    assert text.draft([5, 6], 4).tokens[:1] == [7]
+    p.register("A", PROMPT, [2, 2, 2, 2, 2, 2])  # segment 2
+    assert text.draft([5, 6], 4).tokens[:1] == [7]
+    p.register("A", PROMPT, [3, 3, 3, 3, 3, 3])  # segment 3: segment 1 goes
+    assert text.draft([5, 6], 4).tokens == [] and text.draft([2, 2], 4).tokens[:1] == [2]

@@ -265,14 +265,14 @@ def test_no_draft_past_max_tokens():
 def test_decode_steps_teach_the_policy_what_drafts_cost():
     p = _proposer(k=4)
     seen = []
-    p.policy.observe_step = lambda rows, drafts, seconds: seen.append((rows, drafts, seconds))
+    p.policy.observe_step = lambda verified, seconds: seen.append((verified, seconds))
     runner = FakeRunner()
     runner.add("r", A + A[:3], max_tokens=100)
     drafts = runner.step(p, {"r": [A[3]]}, {})  # the first call: no step before it to time
     runner.step(p, {"r": [A[4], A[5]]}, {"r": drafts["r"]})
     runner.step(p, {"r": [A[6]]}, {}, prefill=50)  # a prompt joined: not a decode step
-    assert [(rows, drafts) for rows, drafts, _ in seen] == [(1, 4)]
-    assert 0 < seen[0][2] < 5
+    assert [verified for verified, _ in seen] == [[4]]
+    assert 0 < seen[0][1] < 5
 
 
 def test_request_files_reads_a_json_object_of_texts():
