@@ -117,7 +117,8 @@ class Algorithm2:
 class CostAware:
     """Ours: per request, the candidate and length that gain most, expected accepted tokens
     (the policy's `AcceptanceModel`) against what drafting them costs at this batch size.
-    Its switches: a frequency-weighted candidate over outputs beside the copy (`frequency`);
+    Its switches: a frequency-weighted candidate over outputs beside the copy (`frequency`),
+    and over the session's own text too (`session_text`);
     each draft token's curve knowing whether the other candidate agrees there (`agreement`)
     and what kind of token it is (`token_classes`); every candidate scored against what the
     target wrote, not only the draft sent (`score_all`). No Kmax cap: the acceptance model
@@ -129,6 +130,7 @@ class CostAware:
     drafts are shorter than the width draft up to it, at no extra cost."""
 
     frequency: bool = False
+    session_text: bool = False
     agreement: bool = False
     token_classes: bool = False
     score_all: bool = False
@@ -383,6 +385,7 @@ class Policy:
         self.token_classes = token_classes(token_bytes) \
             if token_bytes and cost.token_classes else None
         self._frequency = cost.frequency
+        self._session_text = cost.session_text  # a frequency tree per session (see _Session)
         if cost.frequency:
             try:
                 self.tree = FrequencyTree()
@@ -407,7 +410,7 @@ class Policy:
         if sid not in self.sessions:
             self.sessions[sid] = _Session(Corpus(max_tokens=self.config.s_max_tokens),
                                           Corpus(max_tokens=self.config.s_max_tokens))
-            if self.tree is not None and self.config.session:
+            if self.tree is not None and self._session_text and self.config.session:
                 self.sessions[sid].text = FrequencyTree(max_texts=2)
                 self.sessions[sid].text.start(sid)
         return self.sessions[sid]
@@ -587,7 +590,8 @@ def ladder(lam: float = 0.2) -> dict[str, PolicyConfig]:
     workspace = replace(session, name="workspace", workspace=True)
     emission = replace(workspace, name="emission", emission=True)
     glob = replace(emission, name="global", global_=True)
-    cost = CostAware(frequency=True, agreement=True, token_classes=True, score_all=True)
+    cost = CostAware(frequency=True, session_text=True, agreement=True, token_classes=True,
+                     score_all=True)
     full = replace(glob, name="full", isolate=True, follow=True, choose=MostExpected(),
                    length=cost, lam=lam)
     return {
@@ -605,6 +609,8 @@ def ladder(lam: float = 0.2) -> dict[str, PolicyConfig]:
         # full with each of its newer mechanisms switched off, one at a time
         "full-no-frequency": replace(full, name="full-no-frequency",
                                      length=replace(cost, frequency=False)),
+        "full-no-session-text": replace(full, name="full-no-session-text",
+                                        length=replace(cost, session_text=False)),
         "full-no-agreement": replace(full, name="full-no-agreement",
                                      length=replace(cost, agreement=False)),
         "full-no-classes": replace(full, name="full-no-classes",

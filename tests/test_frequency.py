@@ -220,3 +220,9 @@ def test_a_sessions_text_tree_keeps_its_last_two_segments(monkeypatch):
     assert text.draft([5, 6], 4).tokens[:1] == [7]
     p.register("A", PROMPT, [3, 3, 3, 3, 3, 3])  # segment 3: segment 1 goes
     assert text.draft([5, 6], 4).tokens == [] and text.draft([2, 2], 4).tokens[:1] == [2]
+
+
+def test_the_session_text_tree_is_a_rung_switch():
+    p = Policy(replace(ladder()["full-no-session-text"], global_=False))
+    p.register("A", PROMPT, [5, 6, 7, 1, 5, 6, 9, 2])
+    assert p.sessions["A"].text is None and p.tree is not None
