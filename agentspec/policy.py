@@ -398,7 +398,7 @@ class Policy:
             if self.tree is not None else None
         self.session_frequency_kinds = np.array(
             [self.acceptance.kind("S" + k) for k in FREQUENCY_CLASSES]) \
-            if self.tree is not None else None
+            if self.tree is not None and self._session_text else None
 
     @property
     def global_seed_outputs(self) -> int:
