@@ -61,15 +61,19 @@ class LearnedCosts:
     def _fit(self) -> bool:
         m = self.moments / self.moments[0, 0]  # weighted means of the products
 
-        def spread(i: int) -> float:
-            return m[i, i] - m[0, i] ** 2
+        def spread(i: int, j: int = BASE) -> float:
+            """Variance of term i minus term j (of term i alone by default)."""
+            return m[i, i] - 2 * m[i, j] + m[j, j] - (m[0, i] - m[0, j]) ** 2
 
         if spread(PER_DRAFT) < MIN_DRAFT_SPREAD ** 2:
             return False
-        # a term that never varies repeats the intercept (one batch size seen; every row
-        # drafting): it is left out, and so is a fixed part the steps price below zero
-        used = [BASE] + [i for i in (PER_ROW, PER_DRAFTING_ROW) if spread(i) > 0.01] + \
-            [PER_DRAFT]
+        # a term that another one fixes is left out: rows when one batch size was seen (the
+        # intercept), the fixed part when every row always drafted (rows, or the intercept);
+        # and so is a fixed part the steps price below zero
+        varies = {PER_ROW: spread(PER_ROW),
+                  PER_DRAFTING_ROW: min(spread(PER_DRAFTING_ROW),
+                                        spread(PER_ROW, PER_DRAFTING_ROW))}
+        used = [BASE] + [i for i, v in varies.items() if v > 0.01] + [PER_DRAFT]
         coef = self._solve(m, used)
         if coef[PER_DRAFTING_ROW] < 0:
             coef = self._solve(m, [i for i in used if i != PER_DRAFTING_ROW])

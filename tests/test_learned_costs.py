@@ -53,6 +53,14 @@ def test_a_row_that_drafts_at_all_pays_its_fixed_part():
         verified = [int(x) for x in rng.integers(1, 8, 2)]
         always.observe(verified, 0.07 + 0.002 * sum(verified) + rng.normal(0, 0.001))
     assert always.draft_costs(2, 4)[4] == pytest.approx(2 * 4 * 0.002 / 0.07, rel=0.1)
+    # nor from a row's own cost when batches of every size draft in every row
+    sizes = LearnedCosts(lambda b, k: linear_costs(0.3, k))
+    for _ in range(20 * REFIT_EVERY):
+        verified = [int(x) for x in rng.integers(1, 8, int(rng.integers(1, 5)))]
+        sizes.observe(verified, 0.06 + 0.004 * len(verified) + 0.002 * sum(verified)
+                      + rng.normal(0, 0.001))
+    assert sizes.coef[2] == 0.0
+    assert sizes.draft_costs(4, 4)[4] == pytest.approx(4 * 4 * 0.002 / 0.076, rel=0.1)
 
 
 def test_pauses_outside_a_step_do_not_move_the_fit():
