@@ -84,8 +84,9 @@ class LearnedCosts:
 
     @staticmethod
     def _solve(m: np.ndarray, used: list[int]) -> np.ndarray:
-        coef = np.zeros(4)
-        coef[used] = np.linalg.lstsq(m[np.ix_(used, used)], m[used, 4], rcond=None)[0]
+        seconds = len(TERMS)  # the moments' last column
+        coef = np.zeros(len(TERMS))
+        coef[used] = np.linalg.lstsq(m[np.ix_(used, used)], m[used, seconds], rcond=None)[0]
         return coef
 
     def _step(self, rows: int, drafting: int, drafts: int) -> float:

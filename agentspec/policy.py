@@ -171,9 +171,10 @@ class CostAware:
             # the acceptance model keeps their curves apart
             kinds, frequent = policy.frequency_kinds, policy.tree.draft(r.tokens, max_k)
             text = policy.sessions[r.session].text
-            local = text.draft(r.tokens, max_k) if text is not None else frequent
-            if local.score > frequent.score:
-                kinds, frequent = policy.session_frequency_kinds, local
+            if text is not None:
+                local = text.draft(r.tokens, max_k)
+                if local.score > frequent.score:
+                    kinds, frequent = policy.session_frequency_kinds, local
             if frequent.tokens:
                 found.append(Candidate(frequent.tokens, frequent.match_len,
                                        policy.rows(kinds[frequent.classes], frequent.tokens)))
