@@ -35,24 +35,20 @@ FREQUENCY_CLASSES = ("F<.4", "F<.6", "F<.8", "F<1", "F1")
 @dataclass(frozen=True)
 class FrequencyDraft:
     tokens: list[int]
-    probs: np.ndarray  # the tree's cumulative probability of reaching each token
+    probs: list[float]  # the tree's cumulative probability of reaching each token
     match_len: int  # context tokens matched in the tree
-
-    @property
-    def score(self) -> float:
-        """SuffixDecoding's score of a draft: its expected number of accepted tokens."""
-        return float(self.probs.sum())
+    score: float  # SuffixDecoding's score of a draft (its probs summed): expected accepted tokens
 
     @property
     def classes(self) -> np.ndarray:
         """Each token's frequency class (an index into FREQUENCY_CLASSES): how sure the tree
         was of it, by P(token | tokens before it) as the tree counts it."""
-        p = self.probs
+        p = np.asarray(self.probs)
         conditional = p / np.concatenate(([1.0], p[:-1]))
         return np.searchsorted(_CLASS_EDGES, conditional, side="right")
 
 
-NO_DRAFT = FrequencyDraft([], np.zeros(0), 0)
+NO_DRAFT = FrequencyDraft([], [], 0, 0.0)
 
 
 class FrequencyTree:
@@ -119,7 +115,6 @@ class FrequencyTree:
         d = self.tree.speculate(ctx, max_tokens, 1.0, 0.0, min_token_prob, False)
         if not d.token_ids:
             return NO_DRAFT
-        return FrequencyDraft(list(d.token_ids), np.asarray(d.probs, dtype=np.float64),
-                              int(d.match_len))
+        return FrequencyDraft(d.token_ids, d.probs, d.match_len, d.score)
 
 

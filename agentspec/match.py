@@ -241,6 +241,21 @@ def default_levels(min_match: int, max_match: int) -> tuple[int, ...]:
     return tuple(sorted(q for q in lv if q <= max_match))
 
 
+def context_ids(context) -> np.ndarray:
+    """A lookup context as int32 ids; ids that cannot be tokens become _NEVER. A caller that
+    looks up one context in several corpora converts it once."""
+    if isinstance(context, np.ndarray):
+        if context.dtype == np.int32:
+            return context
+        c = context.astype(np.int64)
+        c[(c < 0) | (c > _INT32_MAX)] = _NEVER
+        return c.astype(np.int32)
+    try:
+        return np.array(context, dtype=np.int32)
+    except OverflowError:
+        return np.array([t if 0 <= t <= _INT32_MAX else _NEVER for t in context], dtype=np.int32)
+
+
 class Corpus:
     """Append-only token corpus answering longest-suffix-match queries (see module doc).
 
@@ -559,17 +574,8 @@ class Corpus:
         return _no_match()
 
     def _context(self, context) -> np.ndarray:
-        """The last max_match ids as int32; ids that cannot be tokens become _NEVER."""
-        c = context[-self.max_match :]
-        if not isinstance(c, np.ndarray):
-            try:
-                c = np.array(c, dtype=np.int32)
-            except OverflowError:
-                c = np.array([t if 0 <= t <= _INT32_MAX else _NEVER for t in c], dtype=np.int32)
-        elif c.dtype != np.int32:
-            c = c.astype(np.int64)
-            c[(c < 0) | (c > _INT32_MAX)] = _NEVER
-            c = c.astype(np.int32)
+        """The last max_match ids as int32 (see `context_ids`)."""
+        c = context_ids(context[-self.max_match :])
         if self._nb is None and len(c) and c.min() < 0:  # (the kernel does this itself)
             c = np.where(c < 0, _NEVER, c).astype(np.int32)
         return c

@@ -40,7 +40,7 @@ from agentspec.costs import linear_costs
 from agentspec.drafter import FILE, OUTPUT, Request
 from agentspec.frequency import FREQUENCY_CLASSES, FrequencyTree, FrequencyUnavailable
 from agentspec.learned_costs import LearnedCosts
-from agentspec.match import Corpus, Match
+from agentspec.match import Corpus, Match, context_ids
 from agentspec.speculation import accepted_prefix
 from agentspec.structure import BlockTracker, StructureError, parse_structure
 
@@ -243,6 +243,8 @@ class MostExpected:
         if not found:
             return "", NO_MATCH
         kinds = [(draft_kind(src, m), m) for src, m in found]
+        if len(kinds) == 1:  # nothing to weigh
+            return kinds[0]
         return max(kinds, key=lambda c: policy.acceptance.expected(
             request.role, c[1].length, c[0], min(len(c[1].tokens), policy.config.max_k)))
 
@@ -497,7 +499,7 @@ class Policy:
         """The match of every corpus this request may draft from, tagged by source."""
         cfg = self.config
         st = self.sessions[request.session]
-        ctx = request.tokens[-cfg.max_k:]
+        ctx = context_ids(request.tokens[-cfg.max_k:])  # once, for every corpus
         found = []
         if cfg.isolate:
             label = run.tracker.block if run.tracker else None
