@@ -3,7 +3,8 @@
 One `Policy` class serves every rung of the method ladder; a `PolicyConfig` switches its
 mechanisms on and names two small strategy objects, composed per rung by `ladder()`:
 - corpora (AgSpec): S = this session's prompts, tool outputs and outputs (shared by all
-  roles, including the running output); W = files the session opened, raw and in the
+  roles, including the running output; with `listings`, a file a tool showed as numbered
+  lines also without its numbers); W = files the session opened, raw and in the
   ' '- and '-'-prefixed diff emission forms; G = outputs of other sessions. How their
   matches compete (`choose`): `Longest` (AgSpec: S and W on match length, tie S; G only
   when longer by more than `delta`) or `MostExpected` (ours: by the acceptance model).
@@ -28,6 +29,7 @@ Sessions never see each other's S, W or block history.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence
 
@@ -262,6 +264,7 @@ class PolicyConfig:
     session: bool = True
     workspace: bool = False  # W, raw files
     emission: bool = False  # W, diff emission forms too
+    listings: bool = False  # S, file lines a tool showed numbered, also without the numbers
     global_: bool = False  # G
     isolate: bool = False  # drafts inside a block only from history of that block
     isolate_only: bool = False  # AgentSpec: block history is the only source
@@ -338,6 +341,30 @@ def mark_agreement(a: Candidate, b: Candidate) -> None:
         c.rows[:common] += AGREED * TOKEN_CLASSES
         if common < min(len(a.tokens), len(b.tokens)):
             c.rows[common] += SPLIT * TOKEN_CLASSES
+
+
+# a line of a numbered listing: SWE-agent's viewer and grep -n ("12:text"), cat -n and nl
+# ("    12\ttext")
+_NUMBERED = re.compile(r"^ *(\d+)(?::|\t)(.*)$")
+MIN_LISTING_LINES = 3
+
+
+def numbered_listings(text: str) -> list[str]:
+    """The file slices a tool showed as numbered lines, numbers stripped: each run of at least
+    MIN_LISTING_LINES lines numbered n, n+1, n+2, ... An agent that edits copies the lines,
+    never their numbers."""
+    listings, run, last = [], [], None
+    for line in text.split("\n") + [""]:
+        m = _NUMBERED.match(line)
+        number = int(m.group(1)) if m else None
+        if run and (number is None or number != last + 1):
+            if len(run) >= MIN_LISTING_LINES:
+                listings.append("".join(l + "\n" for l in run))
+            run = []
+        if number is not None:
+            run.append(m.group(2))
+        last = number
+    return listings
 
 
 def emission_forms(text: str) -> tuple[str, str]:
@@ -433,6 +460,10 @@ class Policy:
             st.s.extend(tokens)
             st.s.end_document()
             self._add_text(st, session, tokens)
+            if self.config.listings and self.encode and self.decode:
+                for listing in numbered_listings(self.decode(list(tokens))):
+                    st.s.extend(self.encode(listing))
+                    st.s.end_document()
 
     # --- requests --------------------------------------------------------------------
     def start(self, request: Request) -> None:
@@ -595,8 +626,8 @@ def ladder(lam: float = 0.2) -> dict[str, PolicyConfig]:
     glob = replace(emission, name="global", global_=True)
     cost = CostAware(frequency=True, session_text=True, agreement=True, token_classes=True,
                      score_all=True)
-    full = replace(glob, name="full", isolate=True, follow=True, choose=MostExpected(),
-                   length=cost, lam=lam)
+    full = replace(glob, name="full", listings=True, isolate=True, follow=True,
+                   choose=MostExpected(), length=cost, lam=lam)
     return {
         "session": session,
         "workspace": workspace,
@@ -610,6 +641,7 @@ def ladder(lam: float = 0.2) -> dict[str, PolicyConfig]:
                                   length=Algorithm2()),
         "full": full,
         # full with each of its newer mechanisms switched off, one at a time
+        "full-no-listings": replace(full, name="full-no-listings", listings=False),
         "full-no-frequency": replace(full, name="full-no-frequency",
                                      length=replace(cost, frequency=False)),
         "full-no-session-text": replace(full, name="full-no-session-text",

@@ -13,7 +13,8 @@ from agentspec.costs import BatchCost, CostProfile, linear_costs
 from agentspec.drafter import FILE, PROMPT, TOOL, Request
 from agentspec.match import Match
 from agentspec.policy import (Algorithm2, CostAware, Fixed, Longest, MostExpected, Policy,
-                              PolicyConfig, draft_kind, emission_forms, ladder)
+                              PolicyConfig, draft_kind, emission_forms, ladder,
+                              numbered_listings)
 from agentspec.tokens import CHATML, ChatTokenizer
 from conftest import tiny_tokenizer
 
@@ -311,6 +312,33 @@ def test_workspace_and_emission_forms():
     diff = draft(PolicyConfig("emission", session=False, workspace=True, emission=True,
                               length=Fixed(len(target))))
     assert diff == target and raw != target
+
+
+def test_numbered_listings_are_the_runs_of_consecutively_numbered_lines():
+    swe = "[File: calc.py (4 lines total)]\n1:def add(a, b):\n2:\n3:    return a - b\n(Open file)\n"
+    cat_n = "     7\tx = 1\n     8\t    y = 2\n     9\tz = 3\n"
+    assert numbered_listings(swe) == ["def add(a, b):\n\n    return a - b\n"]
+    assert numbered_listings(cat_n) == ["x = 1\n    y = 2\nz = 3\n"]
+    # grep hits, times and short runs are not listings
+    assert numbered_listings("12:30 lunch\n4:a\n9:b\n11:c\n1:x\n2:y\n") == []
+
+
+def test_a_line_copied_from_a_numbered_listing_drafts_past_the_line_start():
+    tok = ChatTokenizer(tiny_tokenizer(), CHATML)
+    shown = "[File: calc.py]\n1:def add(a, b):\n2:    total = a - b\n3:    return total\n"
+    written = tok.encode("edit 1:3\ndef add(a, b):\n    total = a - b\n    return total\n")
+    cut = len(tok.encode("edit 1:3\ndef add(a, b):"))
+    ctx, target = written[:cut], written[cut:]  # the draft starts at the line break
+
+    def draft(listings):
+        cfg = PolicyConfig("s", listings=listings, length=Fixed(len(target)))
+        p = Policy(cfg, encode=tok.encode, decode=tok.decode)
+        p.register("A", TOOL, tok.encode(shown))
+        r = request("r", "A", [0] + ctx)
+        p.start(r)
+        return p.propose([r])[0]
+
+    assert draft(True) == target and draft(False) != target
 
 
 def test_structure_isolation_drafts_only_from_the_same_block():
