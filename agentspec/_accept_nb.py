@@ -12,20 +12,24 @@ from numba import njit
 
 
 @njit(cache=True)
-def _hazard(t, h, pt, ph, row, b, width, weight):
+def _hazard(t, h, kt, kh, pt, ph, row, b, width, modifiers, weight):
+    """The row's hazard at bin b, shrunk toward its kind's, itself shrunk toward the pool."""
+    k = row // modifiers * width + b
+    kind = (kh[k] + weight * ph[b] / pt[b]) / (kt[k] + weight)
     c = row * width + b
-    return (h[c] + weight * ph[b] / pt[b]) / (t[c] + weight)
+    return (h[c] + weight * kind) / (t[c] + weight)
 
 
 @njit(cache=True)
-def best_length(t, h, pt, ph, rows, m, n, bin_of, width, pad, weight, costs, rate):
+def best_length(t, h, kt, kh, pt, ph, rows, m, n, bin_of, width, pad, modifiers, weight, costs,
+                rate):
     """(n, gain) of AcceptanceModel.plan: the draft length whose expected accepted tokens most
     exceed rate * costs[n]."""
     p, total = 1.0, 0.0
     best_n, best = 0, -rate * costs[0]
     for j in range(min(n, len(costs) - 1)):
         b = bin_of[min(m + j, len(bin_of) - 1)] + pad
-        p *= _hazard(t, h, pt, ph, rows[j], b, width, weight)
+        p *= _hazard(t, h, kt, kh, pt, ph, rows[j], b, width, modifiers, weight)
         total += p
         gain = total - rate * costs[j + 1]
         if gain > best:
@@ -34,37 +38,49 @@ def best_length(t, h, pt, ph, rows, m, n, bin_of, width, pad, weight, costs, rat
 
 
 @njit(cache=True)
-def expected(t, h, pt, ph, rows, m, n, bin_of, width, pad, weight):
+def expected(t, h, kt, kh, pt, ph, rows, m, n, bin_of, width, pad, modifiers, weight):
     """Expected accepted tokens of the first n draft tokens."""
     p, total = 1.0, 0.0
     for j in range(n):
-        p *= _hazard(t, h, pt, ph, rows[j], bin_of[min(m + j, len(bin_of) - 1)] + pad, width,
-                     weight)
+        p *= _hazard(t, h, kt, kh, pt, ph, rows[j], bin_of[min(m + j, len(bin_of) - 1)] + pad,
+                     width, modifiers, weight)
         total += p
     return total
 
 
 @njit(cache=True)
-def observe(t, h, pt, ph, rows, m, reached, matched, bin_of, width, pad, spread, window):
-    """AcceptanceModel.observe of one draft: counts spread around each reached position's bin,
-    then bins past the window halved (each once)."""
+def _add(t, h, c, w, hit):
+    t[c] += w
+    if hit:
+        h[c] += w
+
+
+@njit(cache=True)
+def _halve(t, h, c, window):
+    if t[c] > window:
+        t[c] *= 0.5
+        h[c] *= 0.5
+
+
+@njit(cache=True)
+def observe(t, h, kt, kh, pt, ph, rows, m, reached, matched, bin_of, width, pad, modifiers,
+            spread, window):
+    """AcceptanceModel.observe of one draft: counts spread around each reached position's bin
+    (in the row's, the kind's and the pooled table), then bins past the window halved (each
+    once)."""
     for halve in range(2):
         for j in range(reached):
             b = bin_of[min(m + j, len(bin_of) - 1)] + pad
             c = rows[j] * width + b
+            k = rows[j] // modifiers * width + b
             for o in range(len(spread)):
                 d = o - len(spread) // 2
                 if halve == 0:
-                    w = spread[o]
-                    t[c + d] += w
-                    pt[b + d] += w
-                    if j < matched:
-                        h[c + d] += w
-                        ph[b + d] += w
+                    w, hit = spread[o], j < matched
+                    _add(t, h, c + d, w, hit)
+                    _add(kt, kh, k + d, w, hit)
+                    _add(pt, ph, b + d, w, hit)
                 else:
-                    if t[c + d] > window:
-                        t[c + d] *= 0.5
-                        h[c + d] *= 0.5
-                    if pt[b + d] > window:
-                        pt[b + d] *= 0.5
-                        ph[b + d] *= 0.5
+                    _halve(t, h, c + d, window)
+                    _halve(kt, kh, k + d, window)
+                    _halve(pt, ph, b + d, window)

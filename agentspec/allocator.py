@@ -133,11 +133,14 @@ class AcceptanceModel:
     length serves every draft that reaches it.
 
     Each count is spread over its neighbouring bins (`spread`), and counts are pooled in
-    two levels: a role's curve over all rows starts from the Kmax profile's prior
-    (replayed traces, often another model's outputs) and learns from every draft; a
-    row's own counts are shrunk toward it with `source_weight` pseudo-trials. So a
-    row seen rarely starts from what the model being served does elsewhere, not from
-    the traces' prior, and a well-observed row stands on its own counts."""
+    three levels: a role's curve over all rows starts from the Kmax profile's prior
+    (replayed traces, often another model's outputs) and learns from every draft; a draft
+    kind's curve (all of its rows: every agreement state and token class) is shrunk toward
+    it, and a row's own counts toward its kind's, each with `source_weight` pseudo-trials.
+    So a row seen rarely starts from what its kind does (a kind pools a dozen rows, so it
+    learns a dozen times faster: past outputs of another model, say, that the served model
+    never takes), a rare kind from what the model does elsewhere, not from the traces'
+    prior, and a well-observed row stands on its own counts."""
 
     def __init__(self, max_k: int = 64,
                  prior: dict[str, tuple[Sequence[float], Sequence[float]]] | None = None,
@@ -149,9 +152,10 @@ class AcceptanceModel:
         self.source_weight = source_weight
         self.window = window  # a bin's counts are halved past this many trials: follows drift
         # (trials, hits) per copy-length bin: per role over every row, prior included, and
-        # per role as flat (row x bin) tables, observations only
+        # per role as flat (kind x bin) and (row x bin) tables, observations only
         self.pool: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         self.kinds: dict[str, int] = {}  # draft kind -> its index (rows index * MODIFIERS on)
+        self.by_kind: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         self.by_row: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         self._args: dict[str, tuple] = {}  # per role: (kinds then, the kernels' tables)
         self.tokens = self.cost = 1.0  # decayed sums behind the running speedup R
@@ -191,23 +195,29 @@ class AcceptanceModel:
             self.kinds[name] = len(self.kinds)
         return self.kinds[name] * MODIFIERS
 
-    def _tables(self, role: str) -> tuple[np.ndarray, np.ndarray]:
-        """The role's flat (trials, hits) per row and bin, grown to every known kind."""
-        size = len(self.kinds) * MODIFIERS * _WIDTH
-        t, h = self.by_row.get(role, (np.zeros(0),) * 2)
+    def _tables(self, role: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The role's flat (trials, hits) per row and bin, then per kind and bin, grown to
+        every known kind."""
+        return (*self._grown(self.by_row, role, len(self.kinds) * MODIFIERS * _WIDTH),
+                *self._grown(self.by_kind, role, len(self.kinds) * _WIDTH))
+
+    @staticmethod
+    def _grown(tables: dict, role: str, size: int) -> tuple[np.ndarray, np.ndarray]:
+        t, h = tables.get(role, (np.zeros(0),) * 2)
         if len(t) < size:
             t, h = (np.concatenate([a, np.zeros(size - len(a))]) for a in (t, h))
-            self.by_row[role] = (t, h)
+            tables[role] = (t, h)
         return t, h
 
     def _rows(self, kinds: Kinds, n: int) -> np.ndarray:
         return np.full(n, self.kind(kinds)) if isinstance(kinds, str) else kinds[:n]
 
-    def _cells(self, m: int, kinds: Kinds, n: int) -> tuple[np.ndarray, np.ndarray]:
+    def _cells(self, m: int, kinds: Kinds, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Where draft positions 1..n after a match of length m are counted: (index into
-        the role's tables, index into its pooled curve)."""
+        the role's row table, into its kind table, into its pooled curve)."""
         at = copy_bins(m + np.arange(n)) + _PAD
-        return self._rows(kinds, n) * _WIDTH + at, at
+        rows = self._rows(kinds, n)
+        return rows * _WIDTH + at, rows // MODIFIERS * _WIDTH + at, at
 
     def _kernel_args(self, role: str) -> tuple:
         """The role's tables as the kernels read them (after every kind they index exists:
@@ -223,10 +233,11 @@ class AcceptanceModel:
         """P(draft token k is accepted), k = 1..n (default max_k, or every row given), after
         a match of length m; `source` is the draft's kind, or each token's row."""
         n = (self.max_k if isinstance(source, str) else len(source)) if n is None else n
-        cells, at = self._cells(m, source, n)
-        t, h, pt, ph = (*self._tables(role), *self._pooled(role))
+        cells, kind_cells, at = self._cells(m, source, n)
+        t, h, kt, kh, pt, ph = (*self._tables(role), *self._pooled(role))
         w = self.source_weight
-        return np.cumprod((h[cells] + w * ph[at] / pt[at]) / (t[cells] + w))
+        kind = (kh[kind_cells] + w * ph[at] / pt[at]) / (kt[kind_cells] + w)
+        return np.cumprod((h[cells] + w * kind) / (t[cells] + w))
 
     def plan(self, role: str, m: int, kinds: Kinds, n: int,
              costs: np.ndarray) -> tuple[int, float]:
@@ -238,7 +249,7 @@ class AcceptanceModel:
             return best_length(self.accept_probs(role, m, kinds, n), costs, self.rate)
         rows = self._rows(kinds, n)  # first: it may add a kind, which grows the tables
         return _nb.best_length(*self._kernel_args(role), rows, m, n, _BIN_OF, _WIDTH, _PAD,
-                               self.source_weight, costs, self.rate)
+                               MODIFIERS, self.source_weight, costs, self.rate)
 
     def length(self, role: str, m: int, cap: int, costs: np.ndarray, source: str = "") -> int:
         """The draft length n <= cap that gains most."""
@@ -252,7 +263,7 @@ class AcceptanceModel:
             return float(np.cumsum(self.accept_probs(role, m, kinds, n))[-1])  # summed in order
         rows = self._rows(kinds, n)
         return _nb.expected(*self._kernel_args(role), rows, m, n, _BIN_OF, _WIDTH, _PAD,
-                            self.source_weight)
+                            MODIFIERS, self.source_weight)
 
     def observe(self, role: str, m: int, known: int, matched: int, source: Kinds = "") -> None:
         """Score a draft after a match of length m against the target: its tokens are known
@@ -266,14 +277,16 @@ class AcceptanceModel:
         if _nb is not None:
             rows = self._rows(source, reached)
             _nb.observe(*self._kernel_args(role), rows, m, reached, matched, _BIN_OF, _WIDTH,
-                        _PAD, _SPREAD, self.window)
+                        _PAD, MODIFIERS, _SPREAD, self.window)
             return
-        cells, at = self._cells(m, source, reached)
+        cells, kind_cells, at = self._cells(m, source, reached)
         weight = _SPREAD_ROWS[:reached]  # each position adds _SPREAD around its bin
         weight_hit = weight.copy()
         weight_hit[matched:] = 0.0
         weight, weight_hit = weight.ravel(), weight_hit.ravel()
-        for (t, h), near in ((self._tables(role), cells), (self._pooled(role), at)):
+        t, h, kt, kh = self._tables(role)
+        for (t, h), near in (((t, h), cells), ((kt, kh), kind_cells),
+                             (self._pooled(role), at)):
             near = (near[:, None] + _OFFSETS).ravel()
             np.add.at(t, near, weight)
             np.add.at(h, near, weight_hit)

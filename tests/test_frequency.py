@@ -115,6 +115,22 @@ def test_each_row_learns_apart_from_the_others():
     assert model.kind("S1") == MODIFIERS  # kinds take MODIFIERS rows each
 
 
+@pytest.mark.parametrize("kernels", [None, _accept_nb])
+def test_a_row_never_seen_starts_from_its_kind_not_from_the_role(monkeypatch, kernels):
+    # past outputs the served model never takes (G), beside copies it always takes (S): a G
+    # row of a token class never drafted before is predicted from G's other rows
+    monkeypatch.setattr(allocator, "_nb", kernels)
+    model = AcceptanceModel(max_k=8)
+    s, g = model.kind("S1"), model.kind("G1")
+    for _ in range(40):
+        model.observe("code", 4, known=4, matched=4, source=np.full(4, s))
+        for token_class in range(1, TOKEN_CLASSES):
+            model.observe("code", 4, known=4, matched=0, source=np.full(4, g + token_class))
+    unseen = np.full(4, g)  # G's tokens of class 0: not one observed
+    assert model.accept_probs("code", 4, unseen)[0] < 0.15
+    assert model.accept_probs("code", 4, np.full(4, s))[0] > 0.8
+
+
 # --- the numba kernels give the numpy path's answers ------------------------------------------
 @pytest.mark.skipif(_accept_nb is None, reason="numba not installed")
 def test_kernels_equal_the_numpy_reference(monkeypatch):
@@ -137,6 +153,7 @@ def test_kernels_equal_the_numpy_reference(monkeypatch):
     (a, answers_a), (b, answers_b) = models
     assert answers_a == answers_b
     assert np.array_equal(a.by_row["code"][0], b.by_row["code"][0])
+    assert np.array_equal(a.by_kind["code"][1], b.by_kind["code"][1])
     assert np.array_equal(a.pool["code"][1], b.pool["code"][1])
 
 
