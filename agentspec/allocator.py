@@ -284,8 +284,8 @@ class AcceptanceModel:
         weight_hit = weight.copy()
         weight_hit[matched:] = 0.0
         weight, weight_hit = weight.ravel(), weight_hit.ravel()
-        t, h, kt, kh = self._tables(role)
-        for (t, h), near in (((t, h), cells), ((kt, kh), kind_cells),
+        rt, rh, kt, kh = self._tables(role)
+        for (t, h), near in (((rt, rh), cells), ((kt, kh), kind_cells),
                              (self._pooled(role), at)):
             near = (near[:, None] + _OFFSETS).ravel()
             np.add.at(t, near, weight)
