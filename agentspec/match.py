@@ -201,12 +201,13 @@ class _Run:
     @classmethod
     def build(cls, keys: list[np.ndarray], pos: list[np.ndarray], start: int, end: int,
               dir_min: int) -> "_Run":
-        """From entries in position order (so a stable sort by key orders by key, position)."""
+        """From entries (positions are unique and >= 0), each level sorted by key, then
+        position: one sort of the pairs packed into uint64 (~10x a stable argsort)."""
         ks, ps = [], []
         for k, p in zip(keys, pos):
-            order = np.argsort(k, kind="stable")
-            ks.append(_Keys(k[order], dir_min))
-            ps.append(p[order])
+            packed = np.sort((k.astype(np.uint64) << np.uint64(32)) | p.astype(np.uint64))
+            ks.append(_Keys((packed >> np.uint64(32)).astype(np.uint32), dir_min))
+            ps.append((packed & np.uint64(_M32)).astype(np.int32))
         return cls(ks, ps, start, end)
 
     @property

@@ -500,10 +500,14 @@ class Policy:
                 self.tree = None
         if self.config.isolate:
             labels = run.tracker.feed(new) if run.tracker else [None] * len(new)
+            # text outside every block is only read where block history is the only source
+            # (elsewhere S holds it already: see _candidates)
+            keep_outside = self.config.isolate_only
             start = 0
             for i in range(1, len(new) + 1):
                 if i == len(new) or labels[i] != labels[start]:
-                    self._block(st, request, labels[start]).extend(new[start:i])
+                    if labels[start] is not None or keep_outside:
+                        self._block(st, request, labels[start]).extend(new[start:i])
                     start = i
         return new
 
