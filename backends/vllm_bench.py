@@ -15,7 +15,7 @@ Measured per method and batch size: goodput (generated tokens over the wall time
 first submission to the last finish), a request's steps (the engine steps that gave it
 tokens, counted from its streamed outputs), its drafted tokens from vLLM's per-request
 spec-decode metrics (summed per role; the `vllm:spec_decode_*` counters are kept beside
-them), the drafter's propose time, and whether every call's tokens equal plain's. Accepted
+them), the drafter's propose CPU time, and whether every call's tokens equal plain's. Accepted
 tokens are output tokens minus steps: vLLM's own count also has draft tokens accepted past
 `max_tokens`, which the output drops. Modeled speedups take every batch step as full (b
 rows), which makes them exact in total drafts.
@@ -33,7 +33,7 @@ import tempfile
 from collections import deque
 from importlib.util import find_spec
 from pathlib import Path
-from time import perf_counter
+from time import perf_counter, thread_time
 from typing import TYPE_CHECKING, Callable, Sequence
 
 # The worker imports this module before its engine exists: it must not load numba then
@@ -294,12 +294,12 @@ def fresh_drafter(worker, suffix_seed: Sequence[Sequence[int]] = ()) -> None:
     propose = d.propose
     d.propose_s = 0.0
 
-    def timed(*args, **kwargs):
-        t0 = perf_counter()
+    def timed(*args, **kwargs):  # CPU time, as the replay and MLX benches measure drafters
+        t0 = thread_time()
         try:
             return propose(*args, **kwargs)
         finally:
-            d.propose_s += perf_counter() - t0
+            d.propose_s += thread_time() - t0
 
     d.propose = timed
 
