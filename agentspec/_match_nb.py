@@ -69,14 +69,20 @@ def entry_keys(buf, a, b, pw, levels, mask):
 
 
 @njit(cache=True)
-def to_tail(e, keys, tail_keys, tail_pos, t0, seen):
-    """Corpus.flush: entries e with keys (L, n) go to the tail at t0 (and into its map)."""
-    for j in range(len(e)):
-        tail_pos[t0 + j] = e[j]
-        for i in range(keys.shape[0]):
-            tail_keys[i, t0 + j] = keys[i, j]
-            if seen.shape[0]:
-                seen[i, keys[i, j] & 0xFFFF] = True  # (match._SEEN_MASK)
+def index_tail(buf, a, b, pw, levels, mask, tail_keys, tail_pos, t0, seen):
+    """Corpus._to_tail: positions in [a, b) whose token is real, with their keys at every
+    level, into the tail from t0 (and into its may-hold map); returns the tail's length."""
+    t = t0
+    for x in range(a, b):
+        if buf[x] >= 0:
+            tail_pos[t] = x
+            for i in range(len(levels)):
+                k = _key(buf, x, levels[i], pw, mask)
+                tail_keys[i, t] = k
+                if seen.shape[0]:
+                    seen[i, k & 0xFFFF] = True  # (match._SEEN_MASK)
+            t += 1
+    return t
 
 
 @njit(cache=True)

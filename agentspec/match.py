@@ -405,34 +405,43 @@ class Corpus:
         while self._indexed < self._n:
             a = self._indexed
             b = min(self._n, a + CHUNK)
-            e, keys = self._entries(a, b)
-            t0 = self._tail_len
             if b - self._tail_start > self.tail_max:  # tail + these become a run
+                e, keys = self._entries(a, b)
+                t0 = self._tail_len
                 self._seal(np.concatenate((self._tail_pos[:t0], e)),
                            np.concatenate((self._tail_keys[:, :t0], keys), axis=1), b)
-            elif len(e):
-                t1 = t0 + len(e)
-                if t1 > len(self._tail_pos):
-                    size = min(self.tail_max, max(t1, 2 * len(self._tail_pos)))
-                    grown = np.empty((len(self.levels), size), dtype=np.uint32)
-                    grown[:, :t0] = self._tail_keys[:, :t0]
-                    self._tail_keys = grown
-                    grown = np.empty(size, dtype=np.int32)
-                    grown[:t0] = self._tail_pos[:t0]
-                    self._tail_pos = grown
-                if self._nb is not None:  # (one call instead of three numpy ones)
-                    self._nb.to_tail(e, keys, self._tail_keys, self._tail_pos, t0,
-                                     _NO_SEEN if self._tail_seen is None else self._tail_seen)
-                else:
-                    self._tail_keys[:, t0:t1] = keys
-                    self._tail_pos[t0:t1] = e
-                    if self._tail_seen is not None:
-                        self._tail_seen[self._level_rows, keys & _SEEN_MASK] = True
-                self._tail_len = t1
-                if self._tail_seen is None and t1 >= _SEEN_FROM:
-                    self._tail_seen = np.zeros((len(self.levels), _SEEN_MASK + 1), dtype=bool)
-                    self._tail_seen[self._level_rows, self._tail_keys[:, :t1] & _SEEN_MASK] = True
+            else:
+                self._to_tail(a, b)
             self._indexed = b
+
+    def _to_tail(self, a: int, b: int) -> None:
+        """The entries of [a, b) and their keys into the tail, which has room for them (the
+        tail's entries lie in [tail start, b), at most tail_max)."""
+        t0 = self._tail_len
+        if t0 + (b - a) > len(self._tail_pos):  # room for every position of [a, b)
+            size = min(self.tail_max, max(t0 + (b - a), 2 * len(self._tail_pos)))
+            grown = np.empty((len(self.levels), size), dtype=np.uint32)
+            grown[:, :t0] = self._tail_keys[:, :t0]
+            self._tail_keys = grown
+            grown = np.empty(size, dtype=np.int32)
+            grown[:t0] = self._tail_pos[:t0]
+            self._tail_pos = grown
+        seen = self._tail_seen
+        if self._nb is not None:  # (one call: the keys go straight into the tail)
+            t1 = self._nb.index_tail(self._buf, a, b, self._pw, self._levels_arr,
+                                     np.uint32(_KEY_MASK), self._tail_keys, self._tail_pos, t0,
+                                     _NO_SEEN if seen is None else seen)
+        else:
+            e, keys = self._entries(a, b)
+            t1 = t0 + len(e)
+            self._tail_keys[:, t0:t1] = keys
+            self._tail_pos[t0:t1] = e
+            if seen is not None:
+                seen[self._level_rows, keys & _SEEN_MASK] = True
+        self._tail_len = t1
+        if seen is None and t1 >= _SEEN_FROM:
+            self._tail_seen = np.zeros((len(self.levels), _SEEN_MASK + 1), dtype=bool)
+            self._tail_seen[self._level_rows, self._tail_keys[:, :t1] & _SEEN_MASK] = True
 
     def _entries(self, a: int, b: int) -> tuple[np.ndarray, np.ndarray]:
         """Positions e in [a, b) whose token is real, and their keys at every level (L, n)."""
