@@ -600,7 +600,8 @@ class Policy:
         """Each draft token's row in the acceptance model: its kind, alone, and its class."""
         if self.token_classes is None:
             return np.zeros(len(tokens), dtype=np.intp) + kinds
-        return kinds + self.token_classes[np.minimum(tokens, len(self.token_classes) - 1)]
+        # (ids past the tokenizer's table, if any, take its last class)
+        return kinds + self.token_classes.take(tokens, mode="clip")
 
     def observe(self, request: Request, drafted: int, accepted: int) -> None:
         self.config.length.observe(self, request, drafted, accepted)
