@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -23,6 +23,7 @@ from agentspec.tokens import ChatTokenizer, TokenizedSession
 DEFAULT_LAMBDA = 0.2  # what methods plan with when neither --lambda nor a cost profile says
 
 BENCH_FORMAT = "agentspec.bench/1"
+OUTPUTS_FORMAT = "agentspec.outputs/1"  # what a real backend's plain run wrote, call by call
 
 
 BASELINES = ("plain", "ngram", "suffix", "suffix-cold")
@@ -94,11 +95,62 @@ def job_sessions(sessions: Sequence[TokenizedSession],
             prompt = tc.prompt.tolist()
             if max_prompt_tokens:
                 prompt = prompt[-max_prompt_tokens:]
-            calls.append({"key": f"{s.id}#{index}", "role": tc.call.role, "prompt": prompt,
+            calls.append({"key": call_key(s, index), "role": tc.call.role, "prompt": prompt,
                           "xargs": call_xargs(s, index, files)})
             files = {}
         jobs.append(calls)
     return jobs
+
+
+def call_key(s: TokenizedSession, index: int) -> str:
+    """A call's name in the jobs, reports and outputs files of real backends."""
+    return f"{s.id}#{index}"
+
+
+def write_outputs(outputs: dict[str, list[int]], path: str | Path, model: str,
+                  traces: Sequence[str]) -> None:
+    """What a real backend's plain run generated in each call (`--save-outputs`): a replay
+    with `--outputs` then measures every method on the served model's own text, in seconds
+    and without the wall clock's noise."""
+    write_json({"format": OUTPUTS_FORMAT, "model": model, "traces": [str(t) for t in traces],
+                "outputs": outputs}, path)  # model: the tokenizer's name, as with_outputs checks
+
+
+def with_outputs(sessions: Sequence[TokenizedSession], path: str | Path,
+                 model: str) -> list[TokenizedSession]:
+    """`sessions` whose generated calls have the outputs a real backend wrote (a file of
+    `write_outputs`) instead of the recorded ones; prompts and registered text stay as
+    recorded, the same the backend was sent."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise BenchError(f"--outputs {path}: cannot read it ({e})") from None
+    if not isinstance(data, dict) or data.get("format") != OUTPUTS_FORMAT \
+            or not isinstance(data.get("outputs"), dict):
+        raise BenchError(f"--outputs {path}: not an {OUTPUTS_FORMAT} file (a real backend's "
+                         "bench writes one with --save-outputs)")
+    if data.get("model") != model:
+        raise BenchError(f"--outputs {path}: its outputs are {data.get('model')!r} tokens, "
+                         f"this replay tokenizes with {model!r} (pass its --model)")
+    served, replayed = data["outputs"], []
+    for s in sessions:
+        calls = []
+        for index, tc in enumerate(s.calls):
+            if tc.output:  # a call the backend generated (job_sessions)
+                key = call_key(s, index)
+                output = served.get(key)
+                if output is None:
+                    raise BenchError(f"--outputs {path} has no output for call {key}: replay "
+                                     "the sessions the backend ran (its --traces, --sessions "
+                                     "and --seed)")
+                if not isinstance(output, list) or not all(
+                        isinstance(t, int) and t >= 0 for t in output):
+                    raise BenchError(f"--outputs {path}: the output of call {key} is not a "
+                                     "list of token ids")
+                tc = replace(tc, output=output)
+            calls.append(tc)
+        replayed.append(replace(s, calls=calls))
+    return replayed
 
 
 def call_xargs(s: TokenizedSession, index: int, files: dict[str, str]) -> dict[str, str]:
@@ -159,6 +211,7 @@ def pick_sessions(sessions: Sequence, n: int | None, seed: int) -> list:
 class BenchResult:
     report: dict
     meters: dict[str, Meter]
+    outputs: dict[str, list[int]] = field(default_factory=dict)  # real backends: plain's, by call
 
 
 def run_replay_bench(sessions: list[TokenizedSession], methods: list[str], *, batch: int = 1,

@@ -97,6 +97,14 @@ def bench(
     dtype: Optional[str] = typer.Option(None, help="mlx: weights as keep, float16 or float32 "
                                         "(default float32, the fast one on a Linux CPU); vllm: "
                                         "its --dtype (default float32 on CPU, else bfloat16)."),
+    save_outputs: Optional[Path] = typer.Option(None, help="mlx, vllm: also write what plain "
+                                                "generated in each call here "
+                                                "(agentspec.outputs/1; FILE.bN.json per size), "
+                                                "for a replay's --outputs."),
+    outputs: Optional[Path] = typer.Option(None, help="replay: the calls' outputs from a real "
+                                           "backend's plain run (its --save-outputs) instead "
+                                           "of the recorded ones: every method measured on "
+                                           "the served model's own text."),
 ) -> None:
     """Replay recorded agent sessions with each drafting method and compare them.
 
@@ -113,6 +121,8 @@ def bench(
       agentspec bench --backend vllm --traces a.jsonl.gz --sessions 4 --batch 1,16 --methods plain,ngram,suffix,full --max-prompt-tokens 4096 --json r.json
 
       agentspec bench --backend http --url http://127.0.0.1:8000 --plain-url http://127.0.0.1:8001 --traces a.jsonl.gz --sessions 3 --batch 1,4
+
+      agentspec bench --backend vllm --traces a.jsonl.gz --sessions 4 --methods plain,full --save-outputs served.json; agentspec bench --traces a.jsonl.gz --sessions 4 --outputs served.json --methods plain,suffix,full
     """
     extra = [a for a in ctx.args]
     if any(a.startswith("-") for a in extra):
@@ -122,11 +132,12 @@ def bench(
                           seed=seed, methods=methods, batch=batch, model=model,
                           cost_profile=cost_profile, lam=lam, kmax=kmax, structure=structure,
                           profile_sessions=profile_sessions, split=split, dtype=dtype,
-                          urls=(url, plain_url))
+                          urls=(url, plain_url), outputs=outputs, save_outputs=save_outputs)
     except _user_errors() as e:
         fail(str(e))
     BENCH_BACKENDS[backend](run, json_out=json_out, plot_out=plot_out, max_tokens=max_tokens,
-                            max_prompt_tokens=max_prompt_tokens, url=url, plain_url=plain_url)
+                            max_prompt_tokens=max_prompt_tokens, url=url, plain_url=plain_url,
+                            save_outputs=save_outputs)
 
 
 @dataclass
@@ -147,11 +158,11 @@ class BenchRun:
 
 def _load_bench(backend: str, traces: list[Path], *, sessions, seed, methods, batch, model,
                 cost_profile, lam, kmax, structure, profile_sessions, split, dtype,
-                urls) -> BenchRun:
+                urls, outputs=None, save_outputs=None) -> BenchRun:
     """Check the options, read and split the traces, tokenize, profile Kmax: a BenchRun."""
     from agentspec.models import resolve
     from agentspec.bench import (BenchError, BenchSetup, parse_batches, parse_methods,
-                                 pick_sessions, split_by_task)
+                                 pick_sessions, split_by_task, with_outputs)
     from agentspec.controller import load_kmax
     from agentspec.costs import load_profile
     from agentspec.kmax import profile_kmax
@@ -167,6 +178,12 @@ def _load_bench(backend: str, traces: list[Path], *, sessions, seed, methods, ba
         raise BenchError("--backend http measures the server at --url against the one at "
                          "--plain-url; give both" if backend == "http" else
                          "--url and --plain-url go with --backend http")
+    if outputs and backend != "replay":
+        raise BenchError("--outputs replays a real backend's outputs: it goes with --backend "
+                         "replay")
+    if save_outputs and backend not in ("mlx", "vllm"):
+        raise BenchError("--save-outputs writes what a real model generated: it goes with "
+                         "--backend mlx or vllm")
     names, sizes = parse_methods(methods), parse_batches(batch)
     if len(sizes) > 1 and backend not in ("vllm", "http"):
         raise BenchError("--batch takes several sizes only with --backend vllm or http")
@@ -202,6 +219,8 @@ def _load_bench(backend: str, traces: list[Path], *, sessions, seed, methods, ba
     with console.status(f"tokenizing {len(chosen)} + {len(held[:profile_sessions])} sessions"):
         tokenized = tokenize_sessions(chosen, tok)
         held_tok = tokenize_sessions(held[:profile_sessions], tok)
+    if outputs:
+        tokenized = with_outputs(tokenized, outputs, tok.name)
     setup = BenchSetup(tokenizer=tok, profile=profile, token_bytes=token_bytes(tok.tokenizer),
                        lam=lam, global_seed=[c.output for s in held_tok for c in s.calls])
     if table is None and held_tok and {"agspec", "full"} & set(names) and backend != "http":
@@ -210,8 +229,10 @@ def _load_bench(backend: str, traces: list[Path], *, sessions, seed, methods, ba
             table = profile_kmax(held_tok, setup.lam_at(sizes[0]), ladder()["global"],
                                  encode=tok.encode, decode=tok.decode)
     setup.kmax = table
-    return BenchRun(backend, traces, names, sizes, tokenized, setup, model, dtype,
-                    {"seed": seed, "task_split": split, "profile_sessions": len(held_tok)})
+    sample = {"seed": seed, "task_split": split, "profile_sessions": len(held_tok)}
+    if outputs:
+        sample["outputs"] = str(outputs)  # whose text was replayed
+    return BenchRun(backend, traces, names, sizes, tokenized, setup, model, dtype, sample)
 
 
 def _bench_replay(run: BenchRun, *, json_out, plot_out, **_) -> None:
@@ -238,23 +259,24 @@ def _bench_replay(run: BenchRun, *, json_out, plot_out, **_) -> None:
 
 
 def _bench_mlx(run: BenchRun, *, json_out, plot_out, max_tokens, max_prompt_tokens,
-               **_) -> None:
+               save_outputs, **_) -> None:
     from agentspec.backends.mlx import MLXError
     from agentspec.backends.mlx_bench import run_cli
     from agentspec.bench import measured_table
 
     try:
-        report = run_cli(run.tokenized, run.names, run.setup, console=console,
+        result = run_cli(run.tokenized, run.names, run.setup, console=console,
                          model=run.model, dtype=run.dtype, max_tokens=max_tokens,
                          max_prompt_tokens=max_prompt_tokens,
-                         traces=[str(t) for t in run.traces]).report
+                         traces=[str(t) for t in run.traces])
     except (MLXError, *_user_errors()) as e:
         fail(str(e))
-    _emit(report, json_out, plot_out, measured_table(report), sample=run.sample)
+    _emit(result.report, json_out, plot_out, measured_table(result.report), sample=run.sample)
+    _save_outputs(result, save_outputs, run)
 
 
 def _bench_vllm(run: BenchRun, *, json_out, plot_out, max_tokens, max_prompt_tokens,
-                **_) -> None:
+                save_outputs, **_) -> None:
     from agentspec.backends.vllm_bench import run_cli as run_vllm
     from agentspec.bench import measured_table
 
@@ -270,10 +292,20 @@ def _bench_vllm(run: BenchRun, *, json_out, plot_out, max_tokens, max_prompt_tok
         b = r.report["batch"]
         _emit(r.report, _per_size(json_out, b, run), _per_size(plot_out, b, run),
               measured_table(r.report), sample=run.sample)
+        _save_outputs(r, _per_size(save_outputs, b, run), run)
+
+
+def _save_outputs(result, path: Optional[Path], run: BenchRun) -> None:
+    """Plain's outputs of a real backend's run, for a replay's --outputs."""
+    from agentspec.bench import write_outputs
+
+    if path:
+        write_outputs(result.outputs, path, run.setup.tokenizer.name, run.traces)
+        console.print(f"wrote {path}")
 
 
 def _bench_http(run: BenchRun, *, json_out, plot_out, max_tokens, max_prompt_tokens, url,
-                plain_url) -> None:
+                plain_url, **_) -> None:
     from agentspec.backends.http_bench import report_table as http_table, run_http_bench
     from agentspec.bench import write_json
 

@@ -106,7 +106,7 @@ def run_mlx_bench(sessions: Sequence[TokenizedSession], methods: Sequence[str], 
         "cache_plan": eng.plan.mode,
         "methods": {r.name: method_entry(r, plain, setup) for r in runs if r.name in methods},
     }
-    return BenchResult(report, {r.name: r.meter for r in runs})
+    return BenchResult(report, {r.name: r.meter for r in runs}, plain.outputs)
 
 
 def generate_call(eng: "engine.Engine", runs: Sequence[MethodRun], prompt: list[int],

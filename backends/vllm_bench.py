@@ -193,7 +193,8 @@ def run_vllm_bench(sessions: Sequence[TokenizedSession], methods: Sequence[str],
             entry["engine_start_s"] = results[name]["engine_start_s"]
             entry["vllm_counters"] = results[name]["runs"][i]["counters"]
             report["methods"][name] = entry
-        reports.append(BenchResult(report, {n: r.meter for n, r in runs.items()}))
+        reports.append(BenchResult(report, {n: r.meter for n, r in runs.items()},
+                                   runs["plain"].outputs))
     return reports
 
 

@@ -55,6 +55,10 @@ def test_a_few_bad_sessions_are_skipped_with_a_count(tmp_path, tiny_model_dir):
     (["--sessions", "0"], "at least 1"),
     (["--backend", "mlx", "--batch", "4"], "generates one session at a time"),
     (["--batch", "1,4"], "several sizes only with --backend vllm"),
+    (["--backend", "mlx", "--outputs", "served.json"], "goes with --backend replay"),
+    (["--save-outputs", "served.json"], "goes with --backend mlx or vllm"),
+    (["--outputs", "corrupt.json"], "--outputs corrupt.json: cannot read it"),
+    (["--outputs", "missing.json"], "--outputs missing.json: cannot read it"),
 ])
 def test_bad_input_exits_2_with_one_message(tmp_path, trace, tiny_model_dir, monkeypatch, args,
                                             message):
@@ -99,3 +103,38 @@ def test_every_command_has_help_with_examples():
                 ["models", "list"]):
         r = runner.invoke(app, [*cmd, "--help"])
         assert r.exit_code == 0 and "Example" in r.output
+
+
+def _served(path, model_name, calls, output=(5, 6, 7, 5, 6, 7, 5, 6)):
+    """An outputs file as a real backend's bench writes it (--save-outputs)."""
+    from agentspec.bench import write_outputs
+
+    write_outputs({call: list(output) for call in calls}, path, model_name, [])
+    return path
+
+
+def test_a_replay_of_a_real_backends_outputs(tmp_path, trace, tiny_model_dir):
+    calls = [f"s{i}#{m}" for i in range(8) for m in (0, 1)]
+    served = _served(tmp_path / "served.json", tiny_model_dir.name, calls)
+    r = bench("--traces", trace, "--no-split", "--outputs", served, "--methods", "plain,full",
+              "--json", tmp_path / "r.json", model=tiny_model_dir)
+    assert r.exit_code == 0, r.output
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["outputs"] == str(served)  # the report says whose text it replayed
+    assert report["methods"]["plain"]["output_tokens"] == 8 * len(calls)
+    assert report["methods"]["full"]["al"] > 1.0  # "5 6 7" repeats: copies hit
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda calls, name: (calls[1:], name, None), "has no output for call s0#0"),
+    (lambda calls, name: (calls, "another-model", None), "are 'another-model' tokens"),
+    (lambda calls, name: (calls, name, ["5"]), "is not a list of token ids"),
+])
+def test_a_replay_of_outputs_that_do_not_fit_is_one_message(tmp_path, trace, tiny_model_dir,
+                                                            change, message):
+    calls, name, output = change([f"s{i}#{m}" for i in range(8) for m in (0, 1)],
+                                 tiny_model_dir.name)
+    served = _served(tmp_path / "served.json", name, calls, *([output] if output else []))
+    r = bench("--traces", trace, "--no-split", "--outputs", served, "--methods", "plain",
+              model=tiny_model_dir)
+    assert r.exit_code == 2 and message in r.output and "Traceback" not in r.output

@@ -356,7 +356,8 @@ def test_cli_profile_lambda_then_bench_uses_the_cached_profile(tmp_path, model_f
     r = runner.invoke(app, ["bench", "--backend", "mlx", "--model", str(model_folder),
                             "--traces", str(trace), "--no-split", "--methods",
                             "plain,suffix,full", "--max-tokens", "12", "--json",
-                            str(tmp_path / "r.json")])
+                            str(tmp_path / "r.json"), "--save-outputs",
+                            str(tmp_path / "served.json")])
     assert r.exit_code == 0, r.output
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["backend"] == "mlx" and report["calls"] == 4
@@ -364,6 +365,15 @@ def test_cli_profile_lambda_then_bench_uses_the_cached_profile(tmp_path, model_f
         assert m["identical_to_plain"] is True and m["mismatches"] == []
         assert m["tokens_per_s"] > 0 and "profile" in m["modeled_speedup"]
     assert report["methods"]["plain"]["speedup"] == 1.0
+
+    # the model's own outputs, replayed: every method drafts against what it generated
+    r = runner.invoke(app, ["bench", "--model", str(model_folder), "--traces", str(trace),
+                            "--no-split", "--methods", "plain,suffix,full", "--outputs",
+                            str(tmp_path / "served.json"), "--json", str(tmp_path / "s.json")])
+    assert r.exit_code == 0, r.output
+    replayed = json.loads((tmp_path / "s.json").read_text())["methods"]
+    assert replayed["plain"]["output_tokens"] == report["methods"]["plain"]["output_tokens"]
+    assert replayed["full"]["al"] > 1.0
 
 
 @pytest.mark.parametrize("args, message", [

@@ -446,10 +446,15 @@ def test_vllm_bench_is_lossless_and_copies(tmp_path, monkeypatch):
     trace = write_jsonl(tmp_path / "t.jsonl", [session_obj(f"s{i}") for i in range(2)])
     r = CliRunner().invoke(app, ["bench", "--backend", "vllm", "--traces", str(trace),
                                  "--no-split", "--methods", "plain,ngram,full", "--batch",
-                                 "1,2", "--max-tokens", "32", "--json", str(tmp_path / "r.json")])
+                                 "1,2", "--max-tokens", "32", "--json", str(tmp_path / "r.json"),
+                                 "--save-outputs", str(tmp_path / "served.json")])
     assert r.exit_code == 0, r.output
     for b in (1, 2):
         report = json.loads((tmp_path / f"r.b{b}.json").read_text())
+        served = json.loads((tmp_path / f"served.b{b}.json").read_text())
+        assert served["format"] == "agentspec.outputs/1" and len(served["outputs"]) == 4
+        assert sum(map(len, served["outputs"].values())) == \
+            report["methods"]["plain"]["output_tokens"]
         assert report["format"] == "agentspec.bench/1" and report["backend"] == "vllm"
         assert report["batch"] == b and list(report["methods"]) == ["plain", "ngram", "full"]
         for name, m in report["methods"].items():
