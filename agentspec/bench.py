@@ -120,7 +120,7 @@ def with_outputs(sessions: Sequence[TokenizedSession], path: str | Path,
                  model: str) -> list[TokenizedSession]:
     """`sessions` whose generated calls have the outputs a real backend wrote (a file of
     `write_outputs`) instead of the recorded ones; prompts and registered text stay as
-    recorded, the same the backend was sent."""
+    recorded (whole, where the backend may have kept only a prompt's last tokens)."""
     try:
         data = json.loads(Path(path).read_text())
     except (OSError, ValueError) as e:
