@@ -158,7 +158,7 @@ class BenchRun:
 
 def _load_bench(backend: str, traces: list[Path], *, sessions, seed, methods, batch, model,
                 cost_profile, lam, kmax, structure, profile_sessions, split, dtype,
-                urls, outputs=None, save_outputs=None) -> BenchRun:
+                urls, outputs, save_outputs) -> BenchRun:
     """Check the options, read and split the traces, tokenize, profile Kmax: a BenchRun."""
     from agentspec.models import resolve
     from agentspec.bench import (BenchError, BenchSetup, parse_batches, parse_methods,
