@@ -86,7 +86,8 @@ def index_tail(buf, a, b, pw, levels, mask, tail_keys, tail_pos, t0, seen):
 
 
 @njit(cache=True)
-def lookup(runs, tail_keys, tail_pos, tail_len, seen, buf, context, pw, levels, mask, want, k):
+def lookup(runs, tail_keys, tail_pos, tail_len, seen, buf, context, pw, levels, first, mask,
+           want, k):
     """Corpus.match once the context is int32 and long enough: (m, chosen, candidates,
     agree, agreed, n), the continuation being buf[chosen : chosen + n]; m = 0: no match."""
     ctx = np.where(context < 0, _NEVER, context).astype(np.int32)  # never a token or boundary
@@ -95,7 +96,7 @@ def lookup(runs, tail_keys, tail_pos, tail_len, seen, buf, context, pw, levels, 
     while top + 1 < len(levels) and levels[top + 1] <= L:
         top += 1
     out = np.empty(want, dtype=np.int32)
-    for i in range(top, -1, -1):
+    for i in range(top, first - 1, -1):  # (levels below `first` are frequency's only)
         q = levels[i]
         cap = levels[i + 1] - 1 if i < top else L
         v = _key(ctx, L, q, pw, mask)
@@ -234,3 +235,143 @@ def _vote(buf, e, k):
                 j += 1
             agreed = j
     return chosen, best_size, agreed, n
+
+
+
+@njit(cache=True)
+def frequent(s_runs, s_tail_keys, s_tail_pos, s_tail_len, s_seen, s_buf, s_open,
+             g_runs, g_tail_keys, g_tail_pos, g_tail_len, g_seen, g_buf, with_g,
+             context, pw, levels, mask, want, k, max_context, min_prob, found, found_tokens):
+    """match.frequent_drafts once the context is int32: a request writes at the end of
+    corpus s (its open document starts at buffer index s_open), g holds other outputs (read
+    only with_g). Both corpora come as `lookup` reads one, passed one by one (a tuple that
+    holds a typed list is slow to pass in). Draft 0 is from s, draft 1 from every output
+    (g's and s's open document). Written into `found` (6 + 2k floats) and `found_tokens`
+    (2k), as returning arrays costs more than the search: the length, context length m (0:
+    none) and score of each draft (found[3d : 3d + 3]), then the probabilities of each
+    (found[6 + dk :]) and its tokens (found_tokens[dk :])."""
+    s = (s_runs, s_tail_keys, s_tail_pos, s_tail_len, s_seen, s_buf)
+    g = (g_runs, g_tail_keys, g_tail_pos, g_tail_len, g_seen, g_buf)
+    ctx = np.where(context < 0, _NEVER, context).astype(np.int32)
+    L = len(ctx)
+    open_len = _open_length(s_buf, s_open)
+    out_s, out_g = np.empty(want, dtype=np.int32), np.empty(want, dtype=np.int32)
+    conts = np.empty((2 * want, max(min(L, max_context), 1)), dtype=np.int32)
+    lens = np.empty(2 * want, dtype=np.int64)
+    rows = np.empty(2 * want, dtype=np.int64)
+    tokens, probs = np.empty(k, dtype=np.int32), np.empty(k)
+    found[:6] = 0
+    scores = np.zeros(2)
+    for i in range(len(levels) - 1, -1, -1):
+        q = levels[i]
+        if q > L or q > max_context:
+            continue
+        if scores[0] >= q and scores[1] >= q:  # a path after q tokens has at most q, each
+            break  # no likelier than 1
+        v = _key(ctx, L, q, pw, mask)
+        n_s = _recent(s, i, v, ctx, q, out_s)
+        n_g = _recent(g, i, v, ctx, q, out_g) if with_g else 0
+        if n_s + n_g == 0:
+            continue
+        # each occurrence's context length up to the next level's (or max_context): a path
+        # is drafted after every length found, from the occurrences at least that long
+        top = min(L, max_context, levels[i + 1] - 1 if i + 1 < len(levels) else L)
+        n = n_s + n_g
+        _gather(s_buf, out_s[:n_s], ctx, top, min(top, k), conts[:n_s], lens[:n_s])
+        _gather(g_buf, out_g[:n_g], ctx, top, min(top, k), conts[n_s:n], lens[n_s:n])
+        for m in range(top, q - 1, -1):
+            # the context is an occurrence too, its next token unwritten, where its last m
+            # tokens lie in the text being written (as a suffix tree over that text counts)
+            itself = 1 if m <= open_len else 0
+            for d in range(2):  # from s; from outputs (s's open document, then g)
+                if scores[d] >= m:
+                    continue
+                r = 0
+                for j in range(n if d else n_s):
+                    if lens[j] >= m and (d == 0 or j >= n_s or out_s[j] >= s_open):
+                        rows[r] = j
+                        r += 1
+                if r == 0:
+                    continue
+                length = _path(conts, rows[:r], itself, min(m, k), min_prob, tokens, probs)
+                score = probs[:length].sum()
+                if score > scores[d]:
+                    scores[d] = score
+                    found[3 * d], found[3 * d + 1], found[3 * d + 2] = length, m, score
+                    found[6 + d * k : 6 + d * k + length] = probs[:length]
+                    found_tokens[d * k : d * k + length] = tokens[:length]
+
+
+@njit(cache=True)
+def _open_length(buf, start):
+    """Tokens from buffer index start to the first boundary."""
+    n = 0
+    while start + n < len(buf) and buf[start + n] >= 0:
+        n += 1
+    return n
+
+
+@njit(cache=True)
+def _recent(corpus, i, v, ctx, q, out):
+    """The most recent len(out) occurrences of the context's last q tokens (level i, key v)
+    into out, most recent first; returns how many."""
+    runs, tail_keys, tail_pos, tail_len, seen, buf = corpus
+    _, n = _find(runs[i], tail_keys, tail_pos, tail_len, seen, i, v, buf, ctx, q, q, out)
+    return n
+
+
+@njit(cache=True)
+def _gather(buf, e, ctx, top, cap, conts, lens):
+    """For each occurrence e[j]: the cap tokens after it (conts[j], -1 from where it ended)
+    and how many context tokens before it match, up to top (lens[j])."""
+    for j in range(len(e)):
+        ended = False
+        for c in range(cap):
+            t = buf[e[j] + c]
+            ended = ended or t < 0
+            conts[j, c] = -1 if ended else t
+        lens[j] = _length(buf, e[j], ctx, top)
+
+
+@njit(cache=True)
+def _path(conts, rows, unwritten, cap, min_prob, tokens, probs):
+    """The most frequent path through the continuations conts[rows] (most recent first; -1
+    where one ended), at most cap tokens: at each step the token most of the rows still on
+    the path continue with (a tie goes to the most recent), its probability the product of
+    those shares; it stops before a token whose probability falls under min_prob. Fills
+    tokens/probs, returns its length."""
+    alive = rows.copy()  # rows still on the path
+    n, p, j = len(alive), 1.0, 0
+    while j < cap and n > 0:
+        others = unwritten if j == 0 else 0  # occurrences whose next token is not known
+        token, count = -1, 0
+        for a in range(n):
+            if n - a <= count:  # the rest cannot outnumber it
+                break
+            t = conts[alive[a], j]
+            if t < 0 or t == token:
+                continue
+            first = True  # or counted at a more recent row already
+            for b in range(a):
+                if conts[alive[b], j] == t:
+                    first = False
+                    break
+            if not first:
+                continue
+            c = 0
+            for b in range(a, n):
+                c += conts[alive[b], j] == t
+            if c > count:
+                token, count = t, c
+        if count == 0 or p * count / (n + others) < min_prob:
+            break
+        p = p * count / (n + others)
+        tokens[j], probs[j] = token, p
+        j += 1
+        w = 0
+        for a in range(n):
+            if conts[alive[a], j - 1] == token:
+                alive[w] = alive[a]
+                w += 1
+        n = w
+    return j

@@ -71,6 +71,8 @@ from typing import Sequence
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
+from agentspec.frequency import NO_DRAFT, FrequencyDraft
+
 TAIL_MAX = 8192  # tokens whose entries stay in the unsorted tail before becoming a run
 MERGE_FACTOR = 4  # merge a run into the previous one while that one is <= this many times larger
 DIR_MIN = 1 << 18  # runs with this many entries (or more) keep keys as directory + low 16 bits
@@ -262,24 +264,31 @@ class Corpus:
 
     max_tokens: keep at most this many tokens (the oldest go, in chunks of a quarter);
     min_match / max_match: shortest and longest suffix matched; max_candidates: how many of
-    the most recent occurrences vote.  levels: the indexed lengths (default
+    the most recent occurrences vote.  min_context: the shortest context indexed (default
+    min_match; shorter ones are only read by `frequent_drafts`).
+    levels: the indexed lengths (default: min_context up to min_match, then
     `default_levels`); tail_max: tokens in the unsorted tail before it becomes a sorted run
     (default TAIL_MAX; tiny values exercise runs and merges in tests).
     """
 
     def __init__(self, max_tokens: int | None = None, min_match: int = 2, max_match: int = 64,
-                 max_candidates: int = 64, *, levels: Sequence[int] | None = None,
-                 tail_max: int | None = None):
-        if min_match < 1 or max_match < min_match or max_candidates < 1:
-            raise ValueError("need 1 <= min_match <= max_match and max_candidates >= 1")
+                 max_candidates: int = 64, *, min_context: int | None = None,
+                 levels: Sequence[int] | None = None, tail_max: int | None = None):
+        min_context = min_match if min_context is None else min_context
+        if not 1 <= min_context <= min_match <= max_match or max_candidates < 1:
+            raise ValueError("need 1 <= min_context <= min_match <= max_match and "
+                             "max_candidates >= 1")
         if max_tokens is not None and max_tokens < 1:
             raise ValueError("max_tokens must be >= 1 (or None)")
-        levels = tuple(levels) if levels is not None else default_levels(min_match, max_match)
-        if (list(levels) != sorted(set(levels)) or levels[0] != min_match
-                or levels[-1] != max_match):
-            raise ValueError("levels must be increasing, from min_match to max_match")
+        levels = tuple(levels) if levels is not None else \
+            tuple(range(min_context, min_match)) + default_levels(min_match, max_match)
+        if (list(levels) != sorted(set(levels)) or levels[0] != min_context
+                or min_match not in levels or levels[-1] != max_match):
+            raise ValueError("levels must be increasing, from min_context to max_match, "
+                             "with min_match")
         self.max_tokens = max_tokens
         self.min_match = min_match
+        self._first = levels.index(min_match)  # copies read levels from this one on
         self.max_match = max_match
         self.max_candidates = max_candidates
         self.levels = levels
@@ -558,8 +567,8 @@ class Corpus:
             m, chosen, n_cand, members, agreed, n = self._nb.lookup(
                 self._nb_runs, self._tail_keys, self._tail_pos, self._tail_len,
                 _NO_SEEN if self._tail_seen is None else self._tail_seen, self._buf, ctx,
-                self._pw, self._levels_arr, np.uint32(_KEY_MASK), self.max_candidates,
-                min(int(k), self._n))
+                self._pw, self._levels_arr, self._first, np.uint32(_KEY_MASK),
+                self.max_candidates, min(int(k), self._n))
             if not m:
                 return _no_match()
             return self._answer(m, chosen, self._buf[chosen : chosen + n], n_cand, members,
@@ -569,7 +578,7 @@ class Corpus:
         # keys of the context's last q tokens (garbage for levels longer than L)
         keys = _key(self._qmat[:, self._W - L :] @ ctx.astype(np.uint64))
         top = bisect.bisect_right(levels, L) - 1
-        for i in range(top, -1, -1):
+        for i in range(top, self._first - 1, -1):
             q = levels[i]
             cap = levels[i + 1] - 1 if i < top else L
             parts = self._occurrences(i, keys[i])
@@ -582,6 +591,31 @@ class Corpus:
             if found is not None:
                 return self._vote(*found, q, m, k)
         return _no_match()
+
+    def _recent_occurrences(self, i: int, key: np.uint32, q: int, ctx: np.ndarray, top: int,
+                            cap: int, want: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The `want` most recent occurrences of the context's last q tokens (level i's
+        key), most recent first: their positions, the cap tokens after each (-1 from where
+        it ended) and how many context tokens before each match (up to top)."""
+        parts = self._occurrences(i, key)
+        found = self._recent(parts, q, ctx, cap, want) if parts else None
+        if found is None:
+            return np.zeros(0, np.int64), np.zeros((0, cap), np.int32), np.zeros(0, np.int64)
+        e, rows = found
+        conts = rows[:, q : q + cap]
+        conts = np.where(np.logical_or.accumulate(conts < 0, axis=1), -1, conts)
+        return e, conts, self._lengths(e, q, top, ctx)
+
+    def _open_start(self) -> int:
+        """Buffer index where the document being written starts (the end: none is open)."""
+        if self._buf[self._n - 1] == BOUNDARY:
+            return self._n
+        return self._bounds[-1] + 1 if self._bounds else self._W
+
+    def _nb_state(self) -> tuple:
+        """What the kernels read of this corpus, as one tuple."""
+        return (self._nb_runs, self._tail_keys, self._tail_pos, self._tail_len,
+                _NO_SEEN if self._tail_seen is None else self._tail_seen, self._buf)
 
     def _context(self, context) -> np.ndarray:
         """The last max_match ids as int32 (see `context_ids`)."""
@@ -621,10 +655,12 @@ class Corpus:
                 parts.append(self._tail_pos[hit])
         return parts
 
-    def _recent(self, parts: list[np.ndarray], q: int, ctx: np.ndarray, fwd: int):
-        """The most recent max_candidates positions e of `parts` whose q tokens before them
-        are the context's last q, most recent first, with rows buf[e - q : e + fwd]; or None."""
-        want = self.max_candidates
+    def _recent(self, parts: list[np.ndarray], q: int, ctx: np.ndarray, fwd: int,
+                want: int | None = None):
+        """The most recent `want` (default max_candidates) positions e of `parts` whose q
+        tokens before them are the context's last q, most recent first, with rows
+        buf[e - q : e + fwd]; or None."""
+        want = want or self.max_candidates
         view = self._view(q + fwd)
         target = ctx[len(ctx) - q :]
         # usually every hash hit is a real occurrence: check the newest `want` at once
@@ -746,3 +782,102 @@ class Corpus:
         """The Match for buffer index `chosen`, whose continuation is `tokens`."""
         position = self._dropped + chosen - self._W - bisect.bisect_left(self._bounds, chosen)
         return Match(m, tokens.tolist(), n_cand, members, agreed, position)
+
+
+def frequent_drafts(session: Corpus, outputs: Corpus | None, context, k: int,
+                    max_context: int = 8, occurrences: int = 16, min_prob: float = 0.1
+                    ) -> tuple[FrequencyDraft, FrequencyDraft]:
+    """SuffixDecoding's drafts for a request whose output is being written at the end of
+    `session` (its open document; `context` ends there): one from the session's text, one
+    from every output (`outputs`' and the one being written). For each context length
+    m <= max_context that occurs, the most frequent path (`_frequent_path`, at most m and k
+    tokens) after the occurrences at least that long among the `occurrences` most recent
+    (in each corpus) of the longest indexed length <= m; each draft is the path with the
+    highest score (its probabilities summed, the tokens it expects accepted). A path after m
+    tokens scores at most m, so shorter contexts are only read while they could still win.
+    The context counts as an occurrence too, one whose next token is not written yet, where
+    its last m tokens lie in the open document (as a suffix tree over the text being written
+    does). Both corpora index the same lengths (`Corpus(min_context=1)` reads one-token
+    contexts)."""
+    for corpus in (session, outputs):
+        if corpus is not None and corpus._indexed < corpus._n:
+            corpus.flush()
+    if outputs is not None and (outputs.levels, outputs.max_match) \
+            != (session.levels, session.max_match):
+        raise ValueError("frequent_drafts: both corpora need the same levels and max_match")
+    ctx = session._context(context)
+    if len(ctx) < session.levels[0] or k <= 0:
+        return NO_DRAFT, NO_DRAFT
+    s_open = session._open_start()
+    if session._nb is not None and (outputs is None or outputs._nb is not None):
+        g = outputs if outputs is not None else session
+        k = int(k)
+        found, found_tokens = np.empty(6 + 2 * k), np.empty(2 * k, dtype=np.int64)
+        session._nb.frequent(*session._nb_state(), s_open, *g._nb_state(), outputs is not None,
+                             ctx, session._pw, session._levels_arr, np.uint32(_KEY_MASK),
+                             occurrences, k, max_context, min_prob, found, found_tokens)
+        (s_len, s_m, s_score, g_len, g_m, g_score) = found[:6].tolist()
+        s_len, g_len = int(s_len), int(g_len)
+        return (FrequencyDraft(found_tokens[:s_len].tolist(), found[6 : 6 + s_len].tolist(),
+                               int(s_m), s_score) if s_m else NO_DRAFT,
+                FrequencyDraft(found_tokens[k : k + g_len].tolist(),
+                               found[6 + k : 6 + k + g_len].tolist(), int(g_m), g_score)
+                if g_m else NO_DRAFT)
+    L, levels = len(ctx), session.levels
+    open_len = session._n - s_open
+    keys = _key(session._qmat[:, session._W - L :] @ ctx.astype(np.uint64))
+    best = [NO_DRAFT, NO_DRAFT]
+    for i in range(len(levels) - 1, -1, -1):
+        q = levels[i]
+        if q > min(L, max_context):
+            continue
+        if min(d.score for d in best) >= q:
+            break
+        top = min(L, max_context, levels[i + 1] - 1 if i + 1 < len(levels) else L)
+        cap = min(top, int(k))
+        e, conts, lens = session._recent_occurrences(i, keys[i], q, ctx, top, cap, occurrences)
+        from_s = (conts, lens, np.ones(len(e), bool))
+        # every output: the session's open document, then the other outputs
+        from_outputs = [(conts, lens, e >= s_open)]
+        if outputs is not None:
+            _, g_conts, g_lens = outputs._recent_occurrences(i, keys[i], q, ctx, top, cap,
+                                                             occurrences)
+            from_outputs.append((g_conts, g_lens, np.ones(len(g_lens), bool)))
+        for m in range(top, q - 1, -1):
+            for d, sources in enumerate(([from_s], from_outputs)):
+                if best[d].score >= m:
+                    continue
+                rows = [c[(l >= m) & use] for c, l, use in sources]
+                rows = np.concatenate(rows)[:, : min(m, int(k))]
+                if not len(rows):
+                    continue
+                tokens, probs = _frequent_path(rows, int(m <= open_len), min_prob)
+                if sum(probs) > best[d].score:
+                    best[d] = FrequencyDraft(tokens, probs, m, sum(probs))
+    return best[0], best[1]
+
+
+def _frequent_path(continuations: np.ndarray, unwritten: int,
+                   min_prob: float) -> tuple[list[int], list[float]]:
+    """The most frequent path through occurrences' continuations (rows, most recent first;
+    -1 where one ended), with `unwritten` more occurrences whose next token is not known: at
+    each step the token most of the occurrences still on the path continue with (a tie goes
+    to the most recent), its probability the product of those shares; it stops before a
+    token whose probability falls under min_prob."""
+    tokens, probs, p = [], [], 1.0
+    rows = continuations
+    for j in range(continuations.shape[1]):
+        column = rows[:, j]
+        real = column[column >= 0]
+        if not len(real):
+            break
+        values, first, counts = np.unique(real, return_index=True, return_counts=True)
+        top = np.lexsort((first, -counts))[0]
+        share = counts[top] / (len(column) + (unwritten if j == 0 else 0))
+        if p * share < min_prob:
+            break
+        p = p * share
+        tokens.append(int(values[top]))
+        probs.append(p)
+        rows = rows[column == values[top]]
+    return tokens, probs

@@ -13,13 +13,14 @@ mechanisms on and names two small strategy objects, composed per rung by `ladder
 - how long (`length`): `Fixed`, `Alpha` (AgSpec's controller with per-role Kmax),
   `Algorithm2` (AgentSpec's) or `CostAware` (ours, with the switches below). Strategies
   are frozen parameters with the behaviour that uses them; the state they read and train
-  (controller, acceptance model, frequency tree) is the Policy's.
+  (controller, acceptance model, corpora) is the Policy's.
 - following (ours): while the output keeps copying the continuation last drafted from,
   keep reading it instead of searching again; a continuation that runs into the output
   being written (the output repeats itself) goes on repeating, as an overlapping copy does.
 - frequency (ours, after SuffixDecoding): beside the best copy, the most frequent
   continuation of the last few tokens over all outputs or over this session's own text
-  (the one SuffixDecoding would score higher, `agentspec.frequency`); each step
+  (the one SuffixDecoding would score higher; read from G and S, whose index then starts
+  at one-token contexts: `agentspec.frequency`, `match.frequent_drafts`); each step
   drafts whichever of the two gains more under the cost model. Each draft token's curve
   knows whether the other candidate agrees there and what kind of token it is, and both
   candidates are scored against what the target wrote, drafted or not, so the choice is
@@ -40,15 +41,12 @@ from agentspec.allocator import (AGREED, SPLIT, TOKEN_CLASSES, AcceptanceModel, 
 from agentspec.controller import Controller, KmaxTable
 from agentspec.costs import linear_costs
 from agentspec.drafter import FILE, OUTPUT, Request
-from agentspec.frequency import FREQUENCY_CLASSES, FrequencyTree, FrequencyUnavailable
+from agentspec.frequency import FREQUENCY_CLASSES
 from agentspec.learned_costs import LearnedCosts
-from agentspec.match import Corpus, Match, context_ids
+from agentspec.match import Corpus, Match, context_ids, frequent_drafts
 from agentspec.speculation import accepted_prefix
 from agentspec.structure import BlockTracker, StructureError, parse_structure
 
-# tokens per segment of a session's frequency tree, which keeps the last two (~0.3 KB a
-# token in arctic's tree at worst: ~20 MB per session)
-TEXT_SEGMENT = 32_768
 NO_MATCH = Match(length=0, tokens=[], candidates=0, agree=0, agreed=0, position=-1)
 
 
@@ -161,22 +159,21 @@ class CostAware:
         return drafts
 
     def _candidates(self, policy: Policy, r: Request, m: Match, source: str) -> list[Candidate]:
-        """The best copy, and with `frequency` the tree's most frequent continuation."""
+        """The best copy, and with `frequency` the most frequent continuation."""
         max_k = policy.config.max_k
         found = []
         if m.length:
             tokens = m.tokens[:max_k]
             found.append(Candidate(tokens, m.length,
                                    policy.rows(policy.acceptance.kind(source), tokens)))
-        if policy.tree is not None:
-            # as SuffixDecoding: the session's text or all outputs, whichever scores higher;
-            # the acceptance model keeps their curves apart
-            kinds, frequent = policy.frequency_kinds, policy.tree.draft(r.tokens, max_k)
-            text = policy.sessions[r.session].text
-            if text is not None:
-                local = text.draft(r.tokens, max_k)
-                if local.score > frequent.score:
-                    kinds, frequent = policy.session_frequency_kinds, local
+        if self.frequency and policy.config.session:
+            # as SuffixDecoding: the session's text or all outputs (G's and the one being
+            # written), whichever scores higher; the acceptance model keeps their curves apart
+            local, frequent = frequent_drafts(policy.sessions[r.session].s, policy.g,
+                                              policy.running[r.id].context, max_k)
+            kinds = policy.frequency_kinds
+            if self.session_text and local.score > frequent.score:
+                kinds, frequent = policy.session_frequency_kinds, local
             if frequent.tokens:
                 found.append(Candidate(frequent.tokens, frequent.match_len,
                                        policy.rows(kinds[frequent.classes], frequent.tokens)))
@@ -301,10 +298,6 @@ class _Session:
     s: Corpus
     w: Corpus
     blocks: dict[tuple[str, str, str | None], Corpus] = field(default_factory=dict)
-    # S's text in a frequency tree: SuffixDecoding's per-request prompt tree, grown as the
-    # session goes instead of rebuilt from each prompt; it keeps the last two segments
-    text: FrequencyTree | None = None
-    text_tokens: int = 0  # in its current segment
 
 
 @dataclass
@@ -318,6 +311,7 @@ class _Running:
     cost: float = 0.0  # what the draft being verified costs, in plain decode steps
     source: str = ""  # corpus the match came from: S, W, G or B (block history); with
     # choose="expected" its draft_kind
+    context: np.ndarray | None = None  # the step's last max_k tokens, as ids to look up
     candidates: list[Candidate] = field(default_factory=list)  # what this step could draft
     sent: Candidate | None = None  # the one it drafted from
 
@@ -405,44 +399,35 @@ class Policy:
         self.sessions: dict[str, _Session] = {}
         self.running: dict[str, _Running] = {}
         self.warnings: list[str] = []
-        self.g = Corpus(max_tokens=config.g_max_tokens) if config.global_ else None
+        cost = config.length if isinstance(config.length, CostAware) else CostAware()
+        # frequency drafts read contexts down to one token; copies start at two
+        self._min_context = 1 if cost.frequency else None
+        self.g = self._corpus(config.g_max_tokens) if config.global_ else None
         for tokens in global_seed if self.g is not None else ():
             self.g.extend(tokens)
             self.g.end_document()
-        self.tree: FrequencyTree | None = None  # over every output
-        cost = config.length if isinstance(config.length, CostAware) else CostAware()
         # each token's class (see allocator.MODIFIERS); all one class without a tokenizer
         self.token_classes = token_classes(token_bytes) \
             if token_bytes and cost.token_classes else None
-        self._frequency = cost.frequency
-        self._session_text = cost.session_text  # a frequency tree per session (see _Session)
-        if cost.frequency:
-            try:
-                self.tree = FrequencyTree()
-            except FrequencyUnavailable as e:
-                self.warnings.append(str(e))
-            for tokens in global_seed if self.tree is not None else ():
-                self.tree.add(tokens)
-        # the acceptance model's kind of each frequency class
-        self.frequency_kinds = np.array([self.acceptance.kind(k) for k in FREQUENCY_CLASSES]) \
-            if self.tree is not None else None
+        # the acceptance model's kind of each frequency class, from G and from S
+        self.frequency_kinds = np.array([self.acceptance.kind(k) for k in FREQUENCY_CLASSES])
         self.session_frequency_kinds = np.array(
-            [self.acceptance.kind("S" + k) for k in FREQUENCY_CLASSES]) \
-            if self.tree is not None and self._session_text else None
+            [self.acceptance.kind("S" + k) for k in FREQUENCY_CLASSES])
+
+    def _corpus(self, max_tokens: int) -> Corpus:
+        """A corpus the frequency candidate may read as well as copies."""
+        return Corpus(max_tokens=max_tokens, min_context=self._min_context)
 
     @property
     def global_seed_outputs(self) -> int:
         """How many past outputs this policy was given (0 when it uses none)."""
-        return self._seeded if self.g is not None or self._frequency else 0
+        return self._seeded if self.g is not None else 0
 
     # --- text the session saw -------------------------------------------------------
     def _session(self, sid: str) -> _Session:
         if sid not in self.sessions:
-            self.sessions[sid] = _Session(Corpus(max_tokens=self.config.s_max_tokens),
+            self.sessions[sid] = _Session(self._corpus(self.config.s_max_tokens),
                                           Corpus(max_tokens=self.config.s_max_tokens))
-            if self.tree is not None and self._session_text and self.config.session:
-                self.sessions[sid].text = FrequencyTree(max_texts=2)
-                self.sessions[sid].text.start(sid)
         return self.sessions[sid]
 
     def register(self, session: str, kind: str, tokens: Sequence[int], path: str = "") -> None:
@@ -459,7 +444,6 @@ class Policy:
         elif kind != OUTPUT and self.config.session:
             st.s.extend(tokens)
             st.s.end_document()
-            self._add_text(st, session, tokens)
             if self.config.listings and self.encode and self.decode:
                 for listing in numbered_listings(self.decode(list(tokens))):
                     st.s.extend(self.encode(listing))
@@ -480,8 +464,6 @@ class Policy:
             except StructureError as e:
                 self.warnings.append(f"request {request.id}: structure ignored ({e})")
         self.running[request.id] = run
-        if self.tree is not None:
-            self.tree.start(request.id)
 
     def _absorb(self, request: Request, run: _Running) -> list[int]:
         """Move newly generated output tokens into S and the block history; returns them."""
@@ -492,12 +474,6 @@ class Policy:
         st = self.sessions[request.session]
         if self.config.session:
             st.s.extend(new)
-        self._add_text(st, request.session, new)
-        if self.tree is not None:
-            self.tree.extend(request.id, new)
-            if self.tree.error is not None:
-                self.warnings.append(f"{self.tree.error}; `full` drafts from copies only")
-                self.tree = None
         if self.config.isolate:
             labels = run.tracker.feed(new) if run.tracker else [None] * len(new)
             # text outside every block is only read where block history is the only source
@@ -511,19 +487,6 @@ class Policy:
                     start = i
         return new
 
-    @staticmethod
-    def _add_text(st: _Session, sid: str, tokens: Sequence[int]) -> None:
-        """Append to the session's frequency tree; past TEXT_SEGMENT tokens a new segment
-        starts and the oldest of three goes, so a long session's tree stays bounded."""
-        if st.text is None:
-            return
-        if st.text_tokens >= TEXT_SEGMENT:
-            st.text.finish(sid)
-            st.text.start(sid)
-            st.text_tokens = 0
-        st.text.extend(sid, tokens)
-        st.text_tokens += len(tokens)
-
     def _block(self, st: _Session, request: Request, label: str | None) -> Corpus:
         key = (request.agent, request.query, label)
         if key not in st.blocks:
@@ -534,7 +497,7 @@ class Policy:
         """The match of every corpus this request may draft from, tagged by source."""
         cfg = self.config
         st = self.sessions[request.session]
-        ctx = context_ids(request.tokens[-cfg.max_k:])  # once, for every corpus
+        ctx = run.context
         found = []
         if cfg.isolate:
             label = run.tracker.block if run.tracker else None
@@ -579,6 +542,7 @@ class Policy:
         for r in batch:
             run = self.running[r.id]
             new = self._absorb(r, run)
+            run.context = context_ids(r.tokens[-cfg.max_k:])  # once, for every corpus
             followed = self._follow(run, new) if new and cfg.follow else None
             if followed is None:
                 run.source, followed = self._retrieve(r, run, cfg.max_k)
@@ -609,8 +573,6 @@ class Policy:
     def finish(self, request: Request) -> None:
         run = self.running.pop(request.id)
         self._absorb(request, run)
-        if self.tree is not None:
-            self.tree.finish(request.id)
         st = self.sessions[request.session]
         st.s.end_document()
         for corpus in st.blocks.values():

@@ -16,9 +16,10 @@ from shorter matches must pick, among every occurrence of a one- or two-token co
 the model will follow.
 
 `--frequency` adds what the frequency source of `full` (agentspec.frequency: the most frequent
-continuation over every output, as SuffixDecoding drafts it) could have drafted, with a
-perfect length: alone, and with the L >= 2 copies at every step (whichever goes further), so
-a note can say which mechanism contributes what.
+continuation over the session's text or over every output, as SuffixDecoding drafts it, from
+the same corpora `full` keeps) could have drafted, with a perfect choice and length: alone,
+and with the L >= 2 copies at every step (whichever goes further), so a note can say which
+mechanism contributes what.
 
     .venv/bin/python scripts/copy_bound.py --traces ../shared/traces/sweagent-gpt4-run-1.jsonl.gz
 """
@@ -37,7 +38,7 @@ sys.path.insert(0, str(ROOT))
 
 from agentspec.models import resolve  # noqa: E402
 from agentspec.bench import pick_sessions, split_by_task  # noqa: E402
-from agentspec.frequency import FrequencyTree  # noqa: E402
+from agentspec.match import Corpus, frequent_drafts  # noqa: E402
 from agentspec.policy import emission_forms  # noqa: E402
 from agentspec.tokens import (ChatTokenizer, TokenizedCall, TokenizedSession,  # noqa: E402
                               tokenize_sessions)
@@ -79,17 +80,26 @@ def longest_copy(text: np.ndarray, starts: np.ndarray, future: np.ndarray, max_k
     return best
 
 
+class FrequencySource:
+    """The corpora `full`'s frequency drafts read: the session's text (S, with the output
+    being written) and every finished output (G, from the profiling part's on)."""
+
+    def __init__(self, outputs: Corpus, session: Corpus | None = None):
+        self.outputs, self.session = outputs, session
+
+    def draft(self, context: np.ndarray, max_k: int) -> list[list[int]]:
+        return [d.tokens for d in frequent_drafts(self.session, self.outputs, context, max_k)]
+
+
 def call_bound(prompt: np.ndarray, output: np.ndarray, earlier: Occurrences | None,
                g: Occurrences | None, length: int | None, max_k: int,
-               tree: FrequencyTree | None = None, call_id: str = "") -> list[int]:
+               frequency: FrequencySource | None = None) -> list[int]:
     """Accepted draft tokens of each step of one call under the bound: copies of contexts
-    of `length` tokens (none when None), and the frequency tree's draft when a tree is given
-    (it sees the output as it is written, as `full`'s does)."""
+    of `length` tokens (none when None), and the frequency drafts when a source is given
+    (they see the output as it is written, as `full`'s do)."""
     context = np.concatenate([prompt, output])
     keys = window_keys(context, length) if length else None
     steps, p = [], 0
-    if tree is not None:
-        tree.start(call_id)
     while p < len(output):
         q = len(prompt) + p
         accepted = 0
@@ -102,15 +112,17 @@ def call_bound(prompt: np.ndarray, output: np.ndarray, earlier: Occurrences | No
             # the prompt and the output so far: a copy may run on past q (a loop repeating)
             mine = np.flatnonzero(keys[:q - length] == key) + length
             accepted = max(accepted, longest_copy(context, mine, future, max_k))
-        if tree is not None:
-            draft = tree.draft(context[:q].tolist(), max_k).tokens
-            accepted = max(accepted, longest_copy(np.asarray(draft, np.int64), np.zeros(1, int),
-                                                  output[p:], max_k))
-            tree.extend(call_id, output[p:p + accepted + 1].tolist())
+        if frequency is not None:
+            for draft in frequency.draft(context[:q], max_k):
+                accepted = max(accepted, longest_copy(np.asarray(draft, np.int64),
+                                                      np.zeros(1, int), output[p:], max_k))
+            frequency.session.extend(output[p:p + accepted + 1])
         steps.append(accepted)
         p += accepted + 1
-    if tree is not None:
-        tree.finish(call_id)
+    if frequency is not None:
+        frequency.session.end_document()
+        frequency.outputs.extend(output)
+        frequency.outputs.end_document()
     return steps
 
 
@@ -124,16 +136,22 @@ def shown(call: TokenizedCall, tok: ChatTokenizer) -> list[list[int]]:
 
 
 def session_bound(session: TokenizedSession, tok: ChatTokenizer, g: Occurrences | None,
-                  length: int | None, max_k: int, tree: FrequencyTree | None = None) -> list[int]:
+                  length: int | None, max_k: int,
+                  frequency: FrequencySource | None = None) -> list[int]:
     """Accepted draft tokens of each step of a session's calls, in order."""
     accepted: list[int] = []
     seen: list[np.ndarray] = []
-    for i, c in enumerate(session.calls):
+    if frequency is not None:
+        frequency.session = Corpus(min_context=1)
+    for c in session.calls:
         seen += [np.append(np.asarray(t, np.int64), -1) for t in shown(c, tok)]
+        for _, text in c.new_messages if frequency is not None else ():  # S's text
+            frequency.session.extend(text)
+            frequency.session.end_document()
         earlier = Occurrences(np.concatenate(seen), length) if seen and length else None
         output = np.asarray(c.output, np.int64)
         accepted += call_bound(np.asarray(c.prompt, np.int64), output, earlier, g, length, max_k,
-                               tree, f"{session.id}#{i}")
+                               frequency)
         seen.append(np.append(output, -1))
     return accepted
 
@@ -142,18 +160,19 @@ def bound(chosen: list[TokenizedSession], seed_outputs: list[list[int]], tok: Ch
           length: int | None, frequency: bool, max_k: int) -> list[int]:
     """Accepted draft tokens of every step of the chosen sessions, replayed in order."""
     accepted: list[int] = []
-    tree = None
+    source = None
     if frequency:
-        tree = FrequencyTree()
+        source = FrequencySource(Corpus(min_context=1))
         for o in seed_outputs:
-            tree.add(o)
+            source.outputs.extend(o)
+            source.outputs.end_document()
     # G as the drafters have it: the profiling part's outputs, then each finished
     # session's (the replay runs the chosen sessions in this order)
     g_parts = [np.append(np.asarray(o, np.int64), -1) for o in seed_outputs]
     for s in chosen:
         g = Occurrences(np.concatenate(g_parts or [np.zeros(0, np.int64)]), length) \
             if length else None
-        accepted += session_bound(s, tok, g, length, max_k, tree)
+        accepted += session_bound(s, tok, g, length, max_k, source)
         g_parts += [np.append(np.asarray(c.output, np.int64), -1) for c in s.calls]
     return accepted
 

@@ -62,11 +62,13 @@ def test_no_drafter_of_the_ladder_beats_the_bound(cb, tmp_path, tiny_model_dir):
     assert json.loads((tmp_path / "b.json").read_text())["bounds"] == rows
 
 
-def test_the_frequency_tree_drafts_what_past_outputs_repeat(cb):
-    from agentspec.frequency import FrequencyTree
+def test_the_frequency_source_drafts_what_past_outputs_repeat(cb):
+    from agentspec.match import Corpus
 
-    tree = FrequencyTree()
-    tree.add([5, 6, 7, 8, 9])
-    # after 5 6 the tree drafts 7 8 (no further than it matched); the call's own output
-    # joins the tree as it is written
-    assert cb.call_bound(arr(1, 5, 6), arr(7, 8, 4), None, None, None, 64, tree, "c") == [2]
+    source = cb.FrequencySource(Corpus(min_context=1), Corpus(min_context=1))
+    source.outputs.extend([5, 6, 7, 8, 9])
+    source.outputs.end_document()
+    # after 5 6 the outputs draft 7 8 (no further than they matched); the call's output
+    # joins the session's text as it is written, and the outputs once it ends
+    assert cb.call_bound(arr(1, 5, 6), arr(7, 8, 4), None, None, None, 64, source) == [2]
+    assert len(source.session) == 3 and len(source.outputs) == 8

@@ -16,7 +16,7 @@ from agentspec import allocator
 from agentspec.allocator import AGREED, MODIFIERS, SPLIT, TOKEN_CLASSES, AcceptanceModel, token_classes
 from agentspec.costs import linear_costs
 from agentspec.drafter import PROMPT, Request
-from agentspec.frequency import FREQUENCY_CLASSES, FrequencyTree
+from agentspec.frequency import FREQUENCY_CLASSES, FrequencyDraft
 from agentspec.policy import (Candidate, CostAware, Fixed, MostExpected, Policy, PolicyConfig,
                               ladder, mark_agreement)
 
@@ -31,58 +31,23 @@ def request(rid, session, tokens, role="code"):
                    role=role)
 
 
-# --- the output tree ----------------------------------------------------------------------
-def test_tree_drafts_the_most_frequent_continuation_with_its_frequency():
-    tree = FrequencyTree()
-    for tail in ([7, 8], [7, 8], [7, 9]):
-        tree.add([1, 2, 3, *tail])
-    d = tree.draft([5, 2, 3], 8)
-    assert d.tokens[0] == 7 and d.match_len == 2  # drafts no further than it matched
-    assert d.probs[0] == pytest.approx(1.0)
-    if len(d.tokens) > 1:
-        assert d.tokens[1] == 8 and d.probs[1] == pytest.approx(2 / 3)
-    # 1 -> the class of certainty; 2/3 -> the band below 0.8
-    assert [FREQUENCY_CLASSES[c] for c in d.classes] == ["F1", "F<.8"][:len(d.tokens)]
-    assert tree.draft([42, 43], 8).tokens == []
-
-
-def test_a_running_output_is_visible_at_once_and_the_oldest_texts_go_first():
-    tree = FrequencyTree(max_texts=2)
-    tree.start("r")
-    tree.extend("r", [4, 5, 6, 4, 5])
-    assert tree.draft([9, 4, 5], 4).tokens[:1] == [6]
-    tree.add([1, 2, 3])
-    tree.add([1, 2, 8])  # evicts the running request's text: its later tokens are dropped
-    tree.extend("r", [6])
-    tree.finish("r")
-    assert tree.draft([9, 4, 5], 4).tokens == []
-    assert tree.draft([0, 1, 2], 4).tokens[:1] in ([3], [8])
-
-
-def test_full_runs_without_the_tree_with_one_warning(monkeypatch):
+# --- the frequency source ---------------------------------------------------------------------
+def test_full_drafts_by_frequency_without_arctic_inference(monkeypatch):
+    # the frequency drafts come from full's own corpora: no suffix tree library is needed
+    monkeypatch.setitem(sys.modules, "arctic_inference", None)
     monkeypatch.setitem(sys.modules, "arctic_inference.suffix_decoding._C", None)
-    p = Policy(ladder()["full"], global_seed=[[1, 2, 3, 4]])
-    assert p.tree is None and "arctic-inference" in p.warnings[0]
-    p.register("A", PROMPT, [1, 2, 3, 4, 5, 6, 7, 8])
-    r = request("r", "A", [0, 1, 2, 3])
+    p = Policy(replace(ladder()["full"], global_=False))
+    p.register("A", PROMPT, [5, 6, 7, 1, 5, 6, 7, 2])
+    r = request("r", "A", [4, 4, 5, 6])
     p.start(r)
-    assert p.propose([r])[0][:2] == [4, 5]  # copies still draft
+    p.propose([r])
+    assert [c.tokens[:1] for c in p.running["r"].candidates] == [[7], [7]] and not p.warnings
 
 
-def test_a_tree_that_fails_is_dropped_with_a_warning_and_copies_go_on():
-    p = Policy(ladder()["full"])
-
-    class Refusing:
-        def extend(self, seq, tokens):
-            raise RuntimeError("Int32Map is full")
-
-    p.tree.tree = Refusing()
-    p.register("A", PROMPT, [1, 2, 3, 4, 5, 6, 7, 8])
-    r = request("r", "A", [0, 1, 2, 3])
-    p.start(r)
-    r.tokens += [4]  # the output's first token goes to the tree, which refuses it
-    assert p.propose([r])[0][:2] == [5, 6]
-    assert p.tree is None and "frequency tree stopped: Int32Map is full" in p.warnings[0]
+def test_a_frequent_path_reports_how_sure_it_was_of_each_token():
+    d = FrequencyDraft([7, 8], [1.0, 2 / 3], 2, 5 / 3)
+    # 1 -> the class of certainty; 2/3 -> the band below 0.8
+    assert [FREQUENCY_CLASSES[c] for c in d.classes] == ["F1", "F<.8"]
 
 
 # --- per-token rows -------------------------------------------------------------------------
@@ -171,12 +136,12 @@ def test_numpy_path_is_the_fallback():
 # --- the policy --------------------------------------------------------------------------------
 def test_full_drafts_what_past_outputs_say_when_nothing_can_be_copied():
     seed = [[5, 6, 7, 8, 9, 10, 11, 12]] * 3  # past outputs: 5 6 7 is always followed so
-    p = Policy(replace(ladder()["full"], global_=False), global_seed=seed)  # no G copies
+    p = Policy(ladder()["full"], global_seed=seed)
     r = request("r", "A", [1, 2, 3, 5, 6, 7])  # and S has no earlier 6 7
     p.start(r)
     draft = p.propose([r])[0]
-    # the tree matched 5 6 7 and drafts no further than that
-    assert draft and draft == [8, 9, 10][:len(draft)]
+    frequent = p.running["r"].candidates[-1]  # beside G's copy; no further than it matched
+    assert frequent.tokens == [8, 9, 10] and draft == [8, 9, 10, 11, 12][:len(draft)]
     assert p.global_seed_outputs == 3
     r.tokens += draft + [99]
     p.observe(r, len(draft), len(draft))
@@ -202,7 +167,12 @@ def test_a_frequency_source_the_model_never_follows_stops_drafting():
 def test_frequency_is_a_rung_switch_and_copies_alone_stay_as_they_were():
     assert ladder()["full"].length.frequency and isinstance(ladder()["global"].length, Fixed)
     p = Policy(PolicyConfig("x", global_=True, choose=MostExpected(), length=CostAware()))
-    assert p.tree is None and not p.warnings
+    p.register("A", PROMPT, [5, 6, 7, 1, 5, 6, 7, 2])
+    r = request("r", "A", [4, 4, 5, 6])
+    p.start(r)
+    p.propose([r])
+    assert len(p.running["r"].candidates) == 1  # the copy: no frequency candidate
+    assert p.g.levels[0] == p.sessions["A"].s.levels[0] == 2  # nor their shorter contexts
 
 
 def test_full_drafts_by_frequency_from_the_sessions_own_text():
@@ -225,21 +195,12 @@ def test_full_drafts_by_frequency_from_the_sessions_own_text():
     assert frequency_candidates("q", "B") == {}
 
 
-def test_a_sessions_text_tree_keeps_its_last_two_segments(monkeypatch):
-    from agentspec import policy as policy_module
-
-    monkeypatch.setattr(policy_module, "TEXT_SEGMENT", 6)
-    p = Policy(replace(ladder()["full"], global_=False))
-    p.register("A", PROMPT, [5, 6, 7, 1, 1, 1])  # segment 1: 5 6 -> 7
-    text = p.sessions["A"].text
-    assert text.draft([5, 6], 4).tokens[:1] == [7]
-    p.register("A", PROMPT, [2, 2, 2, 2, 2, 2])  # segment 2
-    assert text.draft([5, 6], 4).tokens[:1] == [7]
-    p.register("A", PROMPT, [3, 3, 3, 3, 3, 3])  # segment 3: segment 1 goes
-    assert text.draft([5, 6], 4).tokens == [] and text.draft([2, 2], 4).tokens[:1] == [2]
-
-
-def test_the_session_text_tree_is_a_rung_switch():
+def test_the_session_text_is_a_rung_switch():
     p = Policy(replace(ladder()["full-no-session-text"], global_=False))
     p.register("A", PROMPT, [5, 6, 7, 1, 5, 6, 9, 2])
-    assert p.sessions["A"].text is None and p.tree is not None
+    r = request("r", "A", [4, 4, 5, 6])
+    p.start(r)
+    p.propose([r])
+    kinds = {v: k for k, v in p.acceptance.kinds.items()}
+    assert not [c for c in p.running["r"].candidates
+                if kinds[int(c.rows[0]) // MODIFIERS].startswith("SF")]

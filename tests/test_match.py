@@ -130,9 +130,12 @@ def configs(draw):
         levels = (min_match, *sorted(draw(st.sets(st.sampled_from(inner)))), max_match)
     else:
         levels = tuple(sorted({min_match, max_match}))
+    # shorter contexts indexed for frequency drafts never change what copies match
+    min_context = draw(st.integers(1, min_match))
+    levels = tuple(range(min_context, min_match)) + levels
     return dict(
         max_tokens=draw(st.one_of(st.none(), st.integers(1, 80))),
-        min_match=min_match, max_match=max_match,
+        min_match=min_match, max_match=max_match, min_context=min_context,
         max_candidates=draw(st.integers(1, 6)),
         levels=draw(st.sampled_from([None, levels])),
         tail_max=draw(st.one_of(st.integers(1, 24), st.integers(65, 300))),  # (>64: blocks)
@@ -163,7 +166,8 @@ def run_ops(cfg, ops, k=5, dir_min=None, knobs=None):
 
 def _run_ops(cfg, ops, k, dir_min):
     corpus = Corpus(cfg["max_tokens"], cfg["min_match"], cfg["max_match"], cfg["max_candidates"],
-                    levels=cfg["levels"], tail_max=cfg["tail_max"])
+                    min_context=cfg["min_context"], levels=cfg["levels"],
+                    tail_max=cfg["tail_max"])
     if dir_min is not None:
         corpus._dir_min = dir_min
     ref = Reference(cfg["max_tokens"], cfg["min_match"], cfg["max_match"], cfg["max_candidates"])
@@ -345,8 +349,11 @@ def test_default_levels():
     assert default_levels(2, 64) == (2, 3, 4, 8, 64)
     assert default_levels(1, 4) == (1, 2, 3, 4)
     assert default_levels(3, 3) == (3,)
-    with pytest.raises(ValueError):
-        Corpus(min_match=2, max_match=8, levels=(3, 8))
+    assert Corpus(min_context=1).levels == (1, 2, 3, 4, 8, 64)
+    for bad in (dict(levels=(3, 8)), dict(levels=(1, 3, 8), min_context=1),
+                dict(min_context=3)):
+        with pytest.raises(ValueError):
+            Corpus(min_match=2, max_match=8, **bad)
 
 
 def test_module_threshold_is_read_at_construction(monkeypatch):
@@ -410,3 +417,133 @@ def test_numpy_path_is_the_fallback(how):
     env = dict(os.environ, AGENTSPEC_NO_NUMBA="1" if how == "env" else "")
     subprocess.run([sys.executable, "-c", code], check=True, env=env,
                    cwd=Path(__file__).resolve().parent.parent)
+
+
+# ---------------------------------------------------------------- frequency drafts
+
+def reference_frequent(session: Reference, outputs: Reference | None, context, k: int,
+                       levels, max_context: int, occurrences: int, min_prob: float = 0.1):
+    """The rule of `frequent_drafts`, written plainly: (tokens, probs, m) from the session's
+    text, then from every output (the other outputs and the session's open document)."""
+    ctx = [int(t) for t in context][-session.max_match :]
+    L, s = len(ctx), session.stream
+    open_start = max((i + 1 for i, t in enumerate(s) if t is None), default=0)
+    open_len = len(s) - open_start
+    streams = [s] + ([outputs.stream] if outputs is not None else [])
+
+    def recent(stream, q):  # the most recent occurrences of the last q context tokens
+        found = [e for e in range(q, len(stream))
+                 if stream[e] is not None and stream[e - q : e] == ctx[L - q :]]
+        return found[::-1][:occurrences]
+
+    def length(stream, e, top):
+        j = 0
+        while j < top and e - 1 - j >= 0 and stream[e - 1 - j] == ctx[L - 1 - j]:
+            j += 1
+        return j
+
+    def cont(stream, e, cap):
+        out = []
+        while e < len(stream) and stream[e] is not None and len(out) < cap:
+            out.append(stream[e])
+            e += 1
+        return out
+
+    best = [([], [], 0, 0.0), ([], [], 0, 0.0)]
+    for i in range(len(levels) - 1, -1, -1):
+        q = levels[i]
+        if q > min(L, max_context):
+            continue
+        if min(b[3] for b in best) >= q:
+            break
+        top = min(L, max_context, levels[i + 1] - 1 if i + 1 < len(levels) else L)
+        found = [(stream, e) for stream in streams for e in recent(stream, q)]
+        for m in range(top, q - 1, -1):
+            for d in range(2):
+                if best[d][3] >= m:
+                    continue
+                rows = [cont(stream, e, min(m, k)) for stream, e in found
+                        if length(stream, e, top) >= m
+                        and (stream is not s or d == 0 or e >= open_start)
+                        and (stream is s or d == 1)]
+                if not rows:
+                    continue
+                tokens, probs, p = [], [], 1.0
+                for j in range(min(m, k)):
+                    column = [r[j] if j < len(r) else None for r in rows]
+                    counts = {t: column.count(t) for t in column if t is not None}
+                    if not counts:
+                        break
+                    token = next(t for t in column if counts.get(t) == max(counts.values()))
+                    share = counts[token] / (len(column) + (j == 0 and m <= open_len))
+                    if p * share < min_prob:
+                        break
+                    p *= share
+                    tokens.append(token)
+                    probs.append(p)
+                    rows = [r for r in rows if j < len(r) and r[j] == token]
+                if sum(probs) > best[d][3]:
+                    best[d] = (tokens, probs, m, sum(probs))
+    return [b[:3] for b in best]
+
+
+def _texts(alphabet: int):
+    tok = st.integers(0, alphabet - 1)
+    return st.lists(st.tuples(st.lists(tok, min_size=1, max_size=30), st.booleans()),
+                    max_size=6)
+
+
+@pytest.mark.parametrize("nb", ENGINES)
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_texts(3), _texts(4), st.lists(st.integers(0, 3), max_size=12), st.integers(1, 6),
+       st.sampled_from([1, 2, 3, 8]), st.integers(1, 5), st.booleans(), KNOBS)
+def test_frequent_drafts_match_the_reference(nb, session_texts, output_texts, context, k,
+                                             max_context, occurrences, with_outputs, knobs):
+    knobs = dict(knobs, _nb=nb)
+    saved = {name: getattr(match_mod, name) for name in knobs}
+    try:
+        for name, value in knobs.items():
+            setattr(match_mod, name, value)
+        corpora = [Corpus(min_context=1, max_match=12, tail_max=9) for _ in range(2)]
+        refs = [Reference(min_match=1, max_match=12) for _ in range(2)]
+        for texts, corpus, ref in zip((session_texts, output_texts), corpora, refs):
+            for tokens, ends in texts:
+                corpus.extend(tokens)
+                ref.extend(tokens)
+                if ends:
+                    corpus.end_document()
+                    ref.end_document()
+        outputs = corpora[1] if with_outputs else None
+        got = match_mod.frequent_drafts(corpora[0], outputs, context, k, max_context,
+                                        occurrences)
+        want = reference_frequent(refs[0], refs[1] if with_outputs else None, context, k,
+                                  corpora[0].levels, max_context, occurrences)
+        assert [(d.tokens, d.match_len) for d in got] == [(w[0], w[2]) for w in want]
+        for d, w in zip(got, want):
+            assert d.probs == pytest.approx(w[1]) and d.score == pytest.approx(sum(w[1]))
+    finally:
+        for name, value in saved.items():
+            setattr(match_mod, name, value)
+
+
+def test_a_frequent_path_follows_the_majority_and_counts_the_unwritten_context(engine):
+    session, outputs = Corpus(min_context=1), Corpus(min_context=1)
+    for tail in ([7, 8], [7, 8], [7, 9]):
+        outputs.extend([1, 2, 3, *tail])
+        outputs.end_document()
+    local, every = match_mod.frequent_drafts(session, outputs, [5, 2, 3], 8)
+    assert local.tokens == [] and every.match_len == 2  # no further than it matched:
+    assert every.tokens == [7, 8] and every.probs == pytest.approx([1, 2 / 3])
+    # an output being written (the session's open document) is an output too, and its
+    # context is an occurrence whose next token is not written yet
+    session.extend([2, 3, 4, 2, 3])
+    local, every = match_mod.frequent_drafts(session, outputs, [2, 3], 8)
+    assert local.tokens == [4, 2] and local.probs == pytest.approx([1 / 2, 1 / 2])
+    assert every.tokens == [7, 8] and every.probs == pytest.approx([3 / 5, 2 / 5])
+    # once it ends, it is the session's text only
+    session.end_document()
+    local, every = match_mod.frequent_drafts(session, outputs, [2, 3], 8)
+    assert local.probs == pytest.approx([1, 1]) and every.probs == pytest.approx([1, 2 / 3])
+    assert match_mod.frequent_drafts(session, None, [9, 9], 8)[1].tokens == []
+    with pytest.raises(ValueError, match="same levels"):
+        match_mod.frequent_drafts(session, Corpus(), [2, 3], 8)
