@@ -266,16 +266,16 @@ def frequent(s_runs, s_tail_keys, s_tail_pos, s_tail_len, s_seen, s_buf, s_open,
         q = levels[i]
         if q > L or q > max_context:
             continue
-        if scores[0] >= q and scores[1] >= q:  # a path after q tokens has at most q, each
-            break  # no likelier than 1
+        # each occurrence's context length up to the next level's (or max_context): a path
+        # is drafted after every length found, from the occurrences at least that long
+        top = min(L, max_context, levels[i + 1] - 1 if i + 1 < len(levels) else L)
+        if scores[0] >= min(top, k) and scores[1] >= min(top, k):  # a path after m tokens
+            break  # has at most m, each no likelier than 1: neither this level nor shorter
         v = _key(ctx, L, q, pw, mask)
         n_s = _recent(s, i, v, ctx, q, out_s)
         n_g = _recent(g, i, v, ctx, q, out_g) if with_g else 0
         if n_s + n_g == 0:
             continue
-        # each occurrence's context length up to the next level's (or max_context): a path
-        # is drafted after every length found, from the occurrences at least that long
-        top = min(L, max_context, levels[i + 1] - 1 if i + 1 < len(levels) else L)
         n = n_s + n_g
         _gather(s_buf, out_s[:n_s], ctx, top, min(top, k), conts[:n_s], lens[:n_s])
         _gather(g_buf, out_g[:n_g], ctx, top, min(top, k), conts[n_s:n], lens[n_s:n])

@@ -794,7 +794,8 @@ def frequent_drafts(session: Corpus, outputs: Corpus | None, context, k: int,
     tokens) after the occurrences at least that long among the `occurrences` most recent
     (in each corpus) of the longest indexed length <= m; each draft is the path with the
     highest score (its probabilities summed, the tokens it expects accepted). A path after m
-    tokens scores at most m, so shorter contexts are only read while they could still win.
+    tokens scores at most min(m, k), so shorter contexts are only read while they could
+    still win.
     The context counts as an occurrence too, one whose next token is not written yet, where
     its last m tokens lie in the open document (as a suffix tree over the text being written
     does). Both corpora index the same lengths (`Corpus(min_context=1)` reads one-token
@@ -831,9 +832,9 @@ def frequent_drafts(session: Corpus, outputs: Corpus | None, context, k: int,
         q = levels[i]
         if q > min(L, max_context):
             continue
-        if min(d.score for d in best) >= q:
-            break
         top = min(L, max_context, levels[i + 1] - 1 if i + 1 < len(levels) else L)
+        if min(d.score for d in best) >= min(top, int(k)):
+            break
         cap = min(top, int(k))
         e, conts, lens = session._recent_occurrences(i, keys[i], q, ctx, top, cap, occurrences)
         from_s = (conts, lens, np.ones(len(e), bool))

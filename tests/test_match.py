@@ -423,8 +423,10 @@ def test_numpy_path_is_the_fallback(how):
 
 def reference_frequent(session: Reference, outputs: Reference | None, context, k: int,
                        levels, max_context: int, occurrences: int, min_prob: float = 0.1):
-    """The rule of `frequent_drafts`, written plainly: (tokens, probs, m) from the session's
-    text, then from every output (the other outputs and the session's open document)."""
+    """The rule of `frequent_drafts`, written plainly (every level and length read, longest
+    first, a later path winning only with a higher score): (tokens, probs, m) from the
+    session's text, then from every output (the other outputs and the session's open
+    document)."""
     ctx = [int(t) for t in context][-session.max_match :]
     L, s = len(ctx), session.stream
     open_start = max((i + 1 for i, t in enumerate(s) if t is None), default=0)
@@ -454,14 +456,10 @@ def reference_frequent(session: Reference, outputs: Reference | None, context, k
         q = levels[i]
         if q > min(L, max_context):
             continue
-        if min(b[3] for b in best) >= q:
-            break
         top = min(L, max_context, levels[i + 1] - 1 if i + 1 < len(levels) else L)
         found = [(stream, e) for stream in streams for e in recent(stream, q)]
         for m in range(top, q - 1, -1):
-            for d in range(2):
-                if best[d][3] >= m:
-                    continue
+            for d in range(2):  # every length is tried: the kernels' pruning must lose nothing
                 rows = [cont(stream, e, min(m, k)) for stream, e in found
                         if length(stream, e, top) >= m
                         and (stream is not s or d == 0 or e >= open_start)
