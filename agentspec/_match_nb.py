@@ -239,12 +239,12 @@ def _vote(buf, e, k):
 
 
 @njit(cache=True)
-def frequent(s_runs, s_tail_keys, s_tail_pos, s_tail_len, s_seen, s_buf, s_open,
+def frequent(s_runs, s_tail_keys, s_tail_pos, s_tail_len, s_seen, s_buf, s_open, open_len,
              g_runs, g_tail_keys, g_tail_pos, g_tail_len, g_seen, g_buf, with_g,
              context, pw, levels, mask, want, k, max_context, min_prob, found, found_tokens):
     """match.frequent_drafts once the context is int32: a request writes at the end of
-    corpus s (its open document starts at buffer index s_open), g holds other outputs (read
-    only with_g). Both corpora come as `lookup` reads one, passed one by one (a tuple that
+    corpus s (its open document starts at buffer index s_open and holds open_len tokens),
+    g holds other outputs (read only with_g). Both corpora come as `lookup` reads one, passed one by one (a tuple that
     holds a typed list is slow to pass in). Draft 0 is from s, draft 1 from every output
     (g's and s's open document). Written into `found` (6 + 2k floats) and `found_tokens`
     (2k), as returning arrays costs more than the search: the length, context length m (0:
@@ -254,7 +254,6 @@ def frequent(s_runs, s_tail_keys, s_tail_pos, s_tail_len, s_seen, s_buf, s_open,
     g = (g_runs, g_tail_keys, g_tail_pos, g_tail_len, g_seen, g_buf)
     ctx = np.where(context < 0, _NEVER, context).astype(np.int32)
     L = len(ctx)
-    open_len = _open_length(s_buf, s_open)
     out_s, out_g = np.empty(want, dtype=np.int32), np.empty(want, dtype=np.int32)
     conts = np.empty((2 * want, max(min(L, max_context), 1)), dtype=np.int32)
     lens = np.empty(2 * want, dtype=np.int64)
@@ -300,15 +299,6 @@ def frequent(s_runs, s_tail_keys, s_tail_pos, s_tail_len, s_seen, s_buf, s_open,
                     found[3 * d], found[3 * d + 1], found[3 * d + 2] = length, m, score
                     found[6 + d * k : 6 + d * k + length] = probs[:length]
                     found_tokens[d * k : d * k + length] = tokens[:length]
-
-
-@njit(cache=True)
-def _open_length(buf, start):
-    """Tokens from buffer index start to the first boundary."""
-    n = 0
-    while start + n < len(buf) and buf[start + n] >= 0:
-        n += 1
-    return n
 
 
 @njit(cache=True)

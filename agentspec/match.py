@@ -810,13 +810,15 @@ def frequent_drafts(session: Corpus, outputs: Corpus | None, context, k: int,
     if len(ctx) < session.levels[0] or k <= 0:
         return NO_DRAFT, NO_DRAFT
     s_open = session._open_start()
+    open_len = session._n - s_open  # (a document holds no boundary)
     if session._nb is not None and (outputs is None or outputs._nb is not None):
         g = outputs if outputs is not None else session
         k = int(k)
         found, found_tokens = np.empty(6 + 2 * k), np.empty(2 * k, dtype=np.int64)
-        session._nb.frequent(*session._nb_state(), s_open, *g._nb_state(), outputs is not None,
-                             ctx, session._pw, session._levels_arr, np.uint32(_KEY_MASK),
-                             occurrences, k, max_context, min_prob, found, found_tokens)
+        session._nb.frequent(*session._nb_state(), s_open, open_len, *g._nb_state(),
+                             outputs is not None, ctx, session._pw, session._levels_arr,
+                             np.uint32(_KEY_MASK), occurrences, k, max_context, min_prob,
+                             found, found_tokens)
         (s_len, s_m, s_score, g_len, g_m, g_score) = found[:6].tolist()
         s_len, g_len = int(s_len), int(g_len)
         return (FrequencyDraft(found_tokens[:s_len].tolist(), found[6 : 6 + s_len].tolist(),
@@ -825,7 +827,6 @@ def frequent_drafts(session: Corpus, outputs: Corpus | None, context, k: int,
                                found[6 + k : 6 + k + g_len].tolist(), int(g_m), g_score)
                 if g_m else NO_DRAFT)
     L, levels = len(ctx), session.levels
-    open_len = session._n - s_open
     keys = _key(session._qmat[:, session._W - L :] @ ctx.astype(np.uint64))
     best = [NO_DRAFT, NO_DRAFT]
     for i in range(len(levels) - 1, -1, -1):

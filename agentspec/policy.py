@@ -410,9 +410,9 @@ class Policy:
         self.token_classes = token_classes(token_bytes) \
             if token_bytes and cost.token_classes else None
         # the acceptance model's kind of each frequency class, from G and from S
-        self.frequency_kinds = np.array([self.acceptance.kind(k) for k in FREQUENCY_CLASSES])
-        self.session_frequency_kinds = np.array(
-            [self.acceptance.kind("S" + k) for k in FREQUENCY_CLASSES])
+        self.frequency_kinds, self.session_frequency_kinds = (
+            np.array([self.acceptance.kind(source + k) for k in FREQUENCY_CLASSES])
+            for source in ("", "S")) if cost.frequency else (None, None)
 
     def _corpus(self, max_tokens: int) -> Corpus:
         """A corpus the frequency candidate may read as well as copies."""
