@@ -12,38 +12,51 @@ from numba import njit
 
 
 @njit(cache=True)
-def _hazard(t, h, kt, kh, pt, ph, row, b, width, modifiers, weight):
+def _hazard(t, h, kt, kh, pt, ph, row, b, width, kind_shift, weight):
     """The row's hazard at bin b, shrunk toward its kind's, itself shrunk toward the pool."""
-    k = row // modifiers * width + b
+    k = (row >> kind_shift) * width + b
     kind = (kh[k] + weight * ph[b] / pt[b]) / (kt[k] + weight)
     c = row * width + b
     return (h[c] + weight * kind) / (t[c] + weight)
 
 
 @njit(cache=True)
-def best_length(t, h, kt, kh, pt, ph, rows, m, n, bin_of, width, pad, modifiers, weight, costs,
+def best_length(t, h, kt, kh, pt, ph, rows, m, n, bin_of, width, pad, kind_shift, weight, costs,
                 rate):
     """(n, gain) of AcceptanceModel.plan: the draft length whose expected accepted tokens most
-    exceed rate * costs[n]."""
+    exceed rate * costs[n]. It stops reading the draft where no longer one can gain more."""
     p, total = 1.0, 0.0
     best_n, best = 0, -rate * costs[0]
     for j in range(min(n, len(costs) - 1)):
         b = bin_of[min(m + j, len(bin_of) - 1)] + pad
-        p *= _hazard(t, h, kt, kh, pt, ph, rows[j], b, width, modifiers, weight)
+        p *= _hazard(t, h, kt, kh, pt, ph, rows[j], b, width, kind_shift, weight)
         total += p
         gain = total - rate * costs[j + 1]
         if gain > best:
             best_n, best = j + 1, gain
+        if _priced_out(costs, j + 1, p / rate):
+            break
     return best_n, best
 
 
 @njit(cache=True)
-def expected(t, h, kt, kh, pt, ph, rows, m, n, bin_of, width, pad, modifiers, weight):
+def _priced_out(costs, a, p):
+    """Whether tokens after the a-th, each accepted with probability at most p (a draft's
+    are no likelier than the one before), cost more than they add at every longer length.
+    (The first length is the usual answer: the loop ends at once while drafts still pay.)"""
+    for i in range(a + 1, len(costs)):
+        if costs[i] - costs[a] <= p * (i - a):
+            return False
+    return True
+
+
+@njit(cache=True)
+def expected(t, h, kt, kh, pt, ph, rows, m, n, bin_of, width, pad, kind_shift, weight):
     """Expected accepted tokens of the first n draft tokens."""
     p, total = 1.0, 0.0
     for j in range(n):
         p *= _hazard(t, h, kt, kh, pt, ph, rows[j], bin_of[min(m + j, len(bin_of) - 1)] + pad,
-                     width, modifiers, weight)
+                     width, kind_shift, weight)
         total += p
     return total
 
@@ -63,7 +76,7 @@ def _halve(t, h, c, window):
 
 
 @njit(cache=True)
-def observe(t, h, kt, kh, pt, ph, rows, m, reached, matched, bin_of, width, pad, modifiers,
+def observe(t, h, kt, kh, pt, ph, rows, m, reached, matched, bin_of, width, pad, kind_shift,
             spread, window):
     """AcceptanceModel.observe of one draft: counts spread around each reached position's bin
     (in the row's, the kind's and the pooled table), then bins past the window halved (each
@@ -72,7 +85,7 @@ def observe(t, h, kt, kh, pt, ph, rows, m, reached, matched, bin_of, width, pad,
         for j in range(reached):
             b = bin_of[min(m + j, len(bin_of) - 1)] + pad
             c = rows[j] * width + b
-            k = rows[j] // modifiers * width + b
+            k = (rows[j] >> kind_shift) * width + b
             for o in range(len(spread)):
                 d = o - len(spread) // 2
                 if halve == 0:

@@ -103,10 +103,13 @@ def spread(counts: np.ndarray) -> np.ndarray:
 # token: whether another candidate drafts the same path there (alone, agreed, or the closest
 # one drafts another token: an agreement state), and what kind of token it is (mid-word, new
 # word, newline, punctuation). Every combination has its own curve: a draft token's row is
-# kind * MODIFIERS + state * TOKEN_CLASSES + token class.
+# kind * MODIFIERS + state * TOKEN_CLASSES + token class. A kind spans a power of two of
+# rows (12 used of 16), so the kernels find a row's kind by a shift, not a division: the
+# hazard of every draft token reads it.
 ALONE, AGREED, SPLIT = 0, 1, 2
 TOKEN_CLASSES = 4
-MODIFIERS = 3 * TOKEN_CLASSES
+KIND_SHIFT = 4
+MODIFIERS = 1 << KIND_SHIFT
 
 Kinds = Union[str, np.ndarray]  # one kind for a whole draft, or each token's row
 
@@ -249,7 +252,7 @@ class AcceptanceModel:
             return best_length(self.accept_probs(role, m, kinds, n), costs, self.rate)
         rows = self._rows(kinds, n)  # first: it may add a kind, which grows the tables
         return _nb.best_length(*self._kernel_args(role), rows, m, n, _BIN_OF, _WIDTH, _PAD,
-                               MODIFIERS, self.source_weight, costs, self.rate)
+                               KIND_SHIFT, self.source_weight, costs, self.rate)
 
     def length(self, role: str, m: int, cap: int, costs: np.ndarray, source: str = "") -> int:
         """The draft length n <= cap that gains most."""
@@ -263,7 +266,7 @@ class AcceptanceModel:
             return float(np.cumsum(self.accept_probs(role, m, kinds, n))[-1])  # summed in order
         rows = self._rows(kinds, n)
         return _nb.expected(*self._kernel_args(role), rows, m, n, _BIN_OF, _WIDTH, _PAD,
-                            MODIFIERS, self.source_weight)
+                            KIND_SHIFT, self.source_weight)
 
     def observe(self, role: str, m: int, known: int, matched: int, source: Kinds = "") -> None:
         """Score a draft after a match of length m against the target: its tokens are known
@@ -277,7 +280,7 @@ class AcceptanceModel:
         if _nb is not None:
             rows = self._rows(source, reached)
             _nb.observe(*self._kernel_args(role), rows, m, reached, matched, _BIN_OF, _WIDTH,
-                        _PAD, MODIFIERS, _SPREAD, self.window)
+                        _PAD, KIND_SHIFT, _SPREAD, self.window)
             return
         cells, kind_cells, at = self._cells(m, source, reached)
         weight = _SPREAD_ROWS[:reached]  # each position adds _SPREAD around its bin

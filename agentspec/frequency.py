@@ -14,15 +14,14 @@ context stood behind it, and weighs those drafts against its copies under one co
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from dataclasses import dataclass
-
-import numpy as np
 
 
 # Classes of a path's conditional frequency at a token: falling bands up to 1 (the only
 # continuation seen, or inside a run of one). What each class is worth to the model being
 # served is learned online: the policy's acceptance model keeps curves per draft kind.
-_CLASS_EDGES = np.array([0.4, 0.6, 0.8, 0.999])
+_CLASS_EDGES = (0.4, 0.6, 0.8, 0.999)
 FREQUENCY_CLASSES = ("F<.4", "F<.6", "F<.8", "F<1", "F1")
 
 
@@ -34,12 +33,15 @@ class FrequencyDraft:
     score: float  # SuffixDecoding's score of a draft (its probs summed): expected accepted tokens
 
     @property
-    def classes(self) -> np.ndarray:
+    def classes(self) -> list[int]:
         """Each token's frequency class (an index into FREQUENCY_CLASSES): how sure the path
-        was of it, by P(token | tokens before it) as the occurrences count it."""
-        p = np.asarray(self.probs)
-        conditional = p / np.concatenate(([1.0], p[:-1]))
-        return np.searchsorted(_CLASS_EDGES, conditional, side="right")
+        was of it, by P(token | tokens before it) as the occurrences count it. (A draft is a
+        few tokens: plain Python beats numpy's fixed costs here, on every decoding step.)"""
+        classes, before = [], 1.0
+        for p in self.probs:
+            classes.append(bisect_right(_CLASS_EDGES, p / before))
+            before = p
+        return classes
 
 
 NO_DRAFT = FrequencyDraft([], [], 0, 0.0)

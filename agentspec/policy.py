@@ -176,7 +176,7 @@ class CostAware:
                 kinds, frequent = policy.session_frequency_kinds, local
             if frequent.tokens:
                 found.append(Candidate(frequent.tokens, frequent.match_len,
-                                       policy.rows(kinds[frequent.classes], frequent.tokens)))
+                                       policy.rows(kinds.take(frequent.classes), frequent.tokens)))
             if len(found) == 2 and self.agreement:
                 mark_agreement(*found)
         return found

@@ -60,18 +60,36 @@ class Recording:
         pass
 
 
-def _next_call(drafter: Drafter, cur: _Cursor, row: Row | None = None) -> Row | None:
+class _Clock:
+    """The drafter's CPU time outside decoding steps, `with clock:` around each drafter call
+    (the engine's own work between them is not the drafter's). The overhead counts it with
+    propose and observe: starting a call indexes the text its prompt shows."""
+
+    def __init__(self):
+        self.ns = 0
+
+    def __enter__(self):
+        self._t0 = thread_time_ns()
+
+    def __exit__(self, *exc):
+        self.ns += thread_time_ns() - self._t0
+
+
+def _next_call(drafter: Drafter, cur: _Cursor, clock: _Clock, row: Row | None = None
+               ) -> Row | None:
     """Start the session's next call with a non-empty output, in `row` when given (re-armed
     in place); None when none is left."""
     s = cur.session
     while cur.call + 1 < len(s.calls):
         cur.call += 1
         tc = s.calls[cur.call]
-        tc.register(drafter, s.id)
         request = s.request(cur.call)
-        drafter.start(request)
+        with clock:
+            tc.register(drafter, s.id)
+            drafter.start(request)
         if not tc.output:
-            drafter.finish(request)
+            with clock:
+                drafter.finish(request)
             continue
         if row is None:
             return Row(request, max_tokens=len(tc.output), state=cur)
@@ -88,16 +106,16 @@ def replay(sessions: Sequence[TokenizedSession], drafter: Drafter, batch: int = 
     """
     meter = Meter()
     waiting = deque(sessions)
-    lifecycle_ns = [0]
+    clock = _Clock()
 
     def finished(row: Row) -> bool:
         """The session's next call re-arms the row, keeping its slot in the batch."""
-        t0 = thread_time_ns()
-        drafter.finish(row.request)
-        more = _next_call(drafter, row.state, row) is not None
+        with clock:
+            drafter.finish(row.request)
+        more = _next_call(drafter, row.state, clock, row) is not None
         if not more:
-            drafter.drop_session(row.state.session.id)
-        lifecycle_ns[0] += thread_time_ns() - t0
+            with clock:
+                drafter.drop_session(row.state.session.id)
         return more
 
     loop = Loop(Recording(), drafter, on_finish=finished)
@@ -105,23 +123,25 @@ def replay(sessions: Sequence[TokenizedSession], drafter: Drafter, batch: int = 
         joining = []
         while waiting and len(loop.rows) + len(joining) < batch:
             cur = _Cursor(waiting.popleft())
-            row = _next_call(drafter, cur)
+            row = _next_call(drafter, cur, clock)
             if row is not None:
                 joining.append(row)
             else:
-                drafter.drop_session(cur.session.id)
+                with clock:
+                    drafter.drop_session(cur.session.id)
         loop.join(joining)
         if not loop.rows:
             break
         rows = list(loop.rows)
         roles = [r.request.role for r in rows]
         before = [r.drafter_ns for r in rows]
-        lifecycle_ns[0] = 0
         loop.step()
         for role, r in zip(roles, rows):
             meter.row(role, *r.steps[-1])
         meter.step(len(rows), sum(r.steps[-1][1] for r in rows))
-        meter.drafter_ns += sum(r.drafter_ns - b for r, b in zip(rows, before)) + lifecycle_ns[0]
+        # the drafter's time in the steps, and in starting and finishing calls since the last
+        meter.drafter_ns += sum(r.drafter_ns - b for r, b in zip(rows, before)) + clock.ns
+        clock.ns = 0
         if on_tokens:
             on_tokens(sum(r.steps[-1][0] for r in rows))
     return meter

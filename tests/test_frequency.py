@@ -98,8 +98,14 @@ def test_a_row_never_seen_starts_from_its_kind_not_from_the_role(monkeypatch, ke
 
 # --- the numba kernels give the numpy path's answers ------------------------------------------
 @pytest.mark.skipif(_accept_nb is None, reason="numba not installed")
-def test_kernels_equal_the_numpy_reference(monkeypatch):
-    costs = linear_costs(0.2, 64)
+@pytest.mark.parametrize("costs", [
+    linear_costs(0.2, 64),
+    # a GPU's: the first 8 draft tokens nearly free, then dear (the kernel stops reading a
+    # draft early only where no longer length could gain more: not inside the flat part)
+    np.concatenate(([0.0], np.full(8, 0.02), 0.02 + 0.3 * np.arange(1, 57))),
+    0.3 * np.sqrt(np.arange(65)),  # each token cheaper than the one before
+], ids=["linear", "flat-then-steep", "concave"])
+def test_kernels_equal_the_numpy_reference(monkeypatch, costs):
     models = []
     for kernels in (None, _accept_nb):
         monkeypatch.setattr(allocator, "_nb", kernels)
@@ -120,6 +126,18 @@ def test_kernels_equal_the_numpy_reference(monkeypatch):
     assert np.array_equal(a.by_row["code"][0], b.by_row["code"][0])
     assert np.array_equal(a.by_kind["code"][1], b.by_kind["code"][1])
     assert np.array_equal(a.pool["code"][1], b.pool["code"][1])
+
+
+@pytest.mark.parametrize("kernels", [None, _accept_nb])
+def test_a_plan_reads_past_a_dear_token_when_free_ones_follow(monkeypatch, kernels):
+    # the kernel stops reading a draft once no longer length can gain: here the second
+    # token costs more than it is likely to add, and the thirty after it cost nothing
+    monkeypatch.setattr(allocator, "_nb", kernels)
+    model = AcceptanceModel(max_k=32)
+    for _ in range(50):
+        model.observe("code", 4, known=32, matched=32, source="S1")
+    dear_then_free = np.concatenate(([0.0, 0.05], np.full(31, 2.0)))
+    assert model.plan("code", 4, "S1", 32, dear_then_free)[0] == 32
 
 
 def test_numpy_path_is_the_fallback():
