@@ -244,12 +244,13 @@ def frequent(s_runs, s_tail_keys, s_tail_pos, s_tail_len, s_seen, s_buf, s_open,
              context, pw, levels, mask, want, k, max_context, min_prob, found, found_tokens):
     """match.frequent_drafts once the context is int32: a request writes at the end of
     corpus s (its open document starts at buffer index s_open and holds open_len tokens),
-    g holds other outputs (read only with_g). Both corpora come as `lookup` reads one, passed one by one (a tuple that
-    holds a typed list is slow to pass in). Draft 0 is from s, draft 1 from every output
-    (g's and s's open document). Written into `found` (6 + 2k floats) and `found_tokens`
-    (2k), as returning arrays costs more than the search: the length, context length m (0:
-    none) and score of each draft (found[3d : 3d + 3]), then the probabilities of each
-    (found[6 + dk :]) and its tokens (found_tokens[dk :])."""
+    g holds other outputs (read only with_g). Both corpora come as `lookup` reads one,
+    passed one by one (a tuple that holds a typed list is slow to pass in). Draft 0 is from
+    s, draft 1 from every output (g's and s's open document). Written into `found` (6 + 2k
+    floats) and `found_tokens` (4k), as returning arrays costs more than the search: the
+    length, context length m (0: none) and score of each draft (found[3d : 3d + 3]), then
+    the probabilities of each (found[6 + dk :]), its tokens (found_tokens[dk :]) and their
+    evidence (found_tokens[2k + dk :])."""
     s = (s_runs, s_tail_keys, s_tail_pos, s_tail_len, s_seen, s_buf)
     g = (g_runs, g_tail_keys, g_tail_pos, g_tail_len, g_seen, g_buf)
     ctx = np.where(context < 0, _NEVER, context).astype(np.int32)
@@ -258,7 +259,7 @@ def frequent(s_runs, s_tail_keys, s_tail_pos, s_tail_len, s_seen, s_buf, s_open,
     conts = np.empty((2 * want, max(min(L, max_context), 1)), dtype=np.int32)
     lens = np.empty(2 * want, dtype=np.int64)
     rows = np.empty(2 * want, dtype=np.int64)
-    tokens, probs = np.empty(k, dtype=np.int32), np.empty(k)
+    tokens, probs, evidence = np.empty(k, dtype=np.int32), np.empty(k), np.empty(k, np.int64)
     found[:6] = 0
     scores = np.zeros(2)
     for i in range(len(levels) - 1, -1, -1):
@@ -292,13 +293,15 @@ def frequent(s_runs, s_tail_keys, s_tail_pos, s_tail_len, s_seen, s_buf, s_open,
                         r += 1
                 if r == 0:
                     continue
-                length = _path(conts, rows[:r], itself, min(m, k), min_prob, tokens, probs)
+                length = _path(conts, rows[:r], itself, min(m, k), min_prob, tokens, probs,
+                               evidence)
                 score = probs[:length].sum()
                 if score > scores[d]:
                     scores[d] = score
                     found[3 * d], found[3 * d + 1], found[3 * d + 2] = length, m, score
                     found[6 + d * k : 6 + d * k + length] = probs[:length]
                     found_tokens[d * k : d * k + length] = tokens[:length]
+                    found_tokens[(2 + d) * k : (2 + d) * k + length] = evidence[:length]
 
 
 @njit(cache=True)
@@ -324,12 +327,13 @@ def _gather(buf, e, ctx, top, cap, conts, lens):
 
 
 @njit(cache=True)
-def _path(conts, rows, unwritten, cap, min_prob, tokens, probs):
+def _path(conts, rows, unwritten, cap, min_prob, tokens, probs, evidence):
     """The most frequent path through the continuations conts[rows] (most recent first; -1
     where one ended), at most cap tokens: at each step the token most of the rows still on
     the path continue with (a tie goes to the most recent), its probability the product of
     those shares; it stops before a token whose probability falls under min_prob. Fills
-    tokens/probs, returns its length."""
+    tokens, probs and evidence (how many rows continue with each token), returns its
+    length."""
     alive = rows.copy()  # rows still on the path
     n, p, j = len(alive), 1.0, 0
     while j < cap and n > 0:
@@ -356,7 +360,7 @@ def _path(conts, rows, unwritten, cap, min_prob, tokens, probs):
         if count == 0 or p * count / (n + others) < min_prob:
             break
         p = p * count / (n + others)
-        tokens[j], probs[j] = token, p
+        tokens[j], probs[j], evidence[j] = token, p, count
         j += 1
         w = 0
         for a in range(n):

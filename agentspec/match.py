@@ -814,18 +814,19 @@ def frequent_drafts(session: Corpus, outputs: Corpus | None, context, k: int,
     if session._nb is not None and (outputs is None or outputs._nb is not None):
         g = outputs if outputs is not None else session
         k = int(k)
-        found, found_tokens = np.empty(6 + 2 * k), np.empty(2 * k, dtype=np.int64)
+        found, found_tokens = np.empty(6 + 2 * k), np.empty(4 * k, dtype=np.int64)
         session._nb.frequent(*session._nb_state(), s_open, open_len, *g._nb_state(),
                              outputs is not None, ctx, session._pw, session._levels_arr,
                              np.uint32(_KEY_MASK), occurrences, k, max_context, min_prob,
                              found, found_tokens)
-        (s_len, s_m, s_score, g_len, g_m, g_score) = found[:6].tolist()
-        s_len, g_len = int(s_len), int(g_len)
-        return (FrequencyDraft(found_tokens[:s_len].tolist(), found[6 : 6 + s_len].tolist(),
-                               int(s_m), s_score) if s_m else NO_DRAFT,
-                FrequencyDraft(found_tokens[k : k + g_len].tolist(),
-                               found[6 + k : 6 + k + g_len].tolist(), int(g_m), g_score)
-                if g_m else NO_DRAFT)
+        drafts = []
+        for d in range(2):
+            length, m, score = found[3 * d : 3 * d + 3].tolist()
+            a, b = d * k, d * k + int(length)
+            drafts.append(FrequencyDraft(found_tokens[a:b].tolist(), found[6 + a : 6 + b].tolist(),
+                                         found_tokens[2 * k + a : 2 * k + b].tolist(), int(m),
+                                         score) if m else NO_DRAFT)
+        return drafts[0], drafts[1]
     L, levels = len(ctx), session.levels
     keys = _key(session._qmat[:, session._W - L :] @ ctx.astype(np.uint64))
     best = [NO_DRAFT, NO_DRAFT]
@@ -853,20 +854,21 @@ def frequent_drafts(session: Corpus, outputs: Corpus | None, context, k: int,
                 rows = np.concatenate(rows)[:, : min(m, int(k))]
                 if not len(rows):
                     continue
-                tokens, probs = _frequent_path(rows, int(m <= open_len), min_prob)
+                tokens, probs, evidence = _frequent_path(rows, int(m <= open_len), min_prob)
                 if sum(probs) > best[d].score:
-                    best[d] = FrequencyDraft(tokens, probs, m, sum(probs))
+                    best[d] = FrequencyDraft(tokens, probs, evidence, m, sum(probs))
     return best[0], best[1]
 
 
 def _frequent_path(continuations: np.ndarray, unwritten: int,
-                   min_prob: float) -> tuple[list[int], list[float]]:
+                   min_prob: float) -> tuple[list[int], list[float], list[int]]:
     """The most frequent path through occurrences' continuations (rows, most recent first;
     -1 where one ended), with `unwritten` more occurrences whose next token is not known: at
     each step the token most of the occurrences still on the path continue with (a tie goes
     to the most recent), its probability the product of those shares; it stops before a
-    token whose probability falls under min_prob."""
-    tokens, probs, p = [], [], 1.0
+    token whose probability falls under min_prob. Returns the tokens, their probabilities
+    and their evidence (how many occurrences continue with each)."""
+    tokens, probs, evidence, p = [], [], [], 1.0
     rows = continuations
     for j in range(continuations.shape[1]):
         column = rows[:, j]
@@ -881,5 +883,6 @@ def _frequent_path(continuations: np.ndarray, unwritten: int,
         p = p * share
         tokens.append(int(values[top]))
         probs.append(p)
+        evidence.append(int(counts[top]))
         rows = rows[column == values[top]]
-    return tokens, probs
+    return tokens, probs, evidence

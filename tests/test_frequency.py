@@ -44,10 +44,10 @@ def test_full_drafts_by_frequency_without_arctic_inference(monkeypatch):
     assert [c.tokens[:1] for c in p.running["r"].candidates] == [[7], [7]] and not p.warnings
 
 
-def test_a_frequent_path_reports_how_sure_it_was_of_each_token():
-    d = FrequencyDraft([7, 8], [1.0, 2 / 3], 2, 5 / 3)
-    # 1 -> the class of certainty; 2/3 -> the band below 0.8
-    assert [FREQUENCY_CLASSES[c] for c in d.classes] == ["F1", "F<.8"]
+def test_a_frequent_path_reports_how_sure_it_was_of_each_token_and_on_what_evidence():
+    d = FrequencyDraft([7, 8, 9], [1.0, 2 / 3, 2 / 3], [1, 2, 4], 2, 7 / 3)
+    # a share of 1 from one occurrence; 2/3 from two (the band below 0.8); then 1 from four
+    assert [FREQUENCY_CLASSES[c] for c in d.classes] == ["F1x1", "F<.8x2", "F1x4"]
 
 
 # --- per-token rows -------------------------------------------------------------------------
@@ -207,8 +207,8 @@ def test_full_drafts_by_frequency_from_the_sessions_own_text():
         found = {kinds[int(c.rows[0]) // MODIFIERS]: c.tokens for c in p.running[rid].candidates}
         return {k: v for k, v in found.items() if "F" in k}
 
-    # no output was seen yet: the session's tree drafts, sure of 7 at 2 in 3
-    assert {k: v[:1] for k, v in frequency_candidates("r", "A").items()} == {"SF<.8": [7]}
+    # no output was seen yet: the session's text drafts, sure of 7 at 2 in 3 (on two)
+    assert {k: v[:1] for k, v in frequency_candidates("r", "A").items()} == {"SF<.8x2": [7]}
     # a session never drafts from another one's text
     assert frequency_candidates("q", "B") == {}
 

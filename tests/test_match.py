@@ -424,9 +424,9 @@ def test_numpy_path_is_the_fallback(how):
 def reference_frequent(session: Reference, outputs: Reference | None, context, k: int,
                        levels, max_context: int, occurrences: int, min_prob: float = 0.1):
     """The rule of `frequent_drafts`, written plainly (every level and length read, longest
-    first, a later path winning only with a higher score): (tokens, probs, m) from the
-    session's text, then from every output (the other outputs and the session's open
-    document)."""
+    first, a later path winning only with a higher score): (tokens, probs, m, evidence)
+    from the session's text, then from every output (the other outputs and the session's
+    open document)."""
     ctx = [int(t) for t in context][-session.max_match :]
     L, s = len(ctx), session.stream
     open_start = max((i + 1 for i, t in enumerate(s) if t is None), default=0)
@@ -451,7 +451,7 @@ def reference_frequent(session: Reference, outputs: Reference | None, context, k
             e += 1
         return out
 
-    best = [([], [], 0, 0.0), ([], [], 0, 0.0)]
+    best = [([], [], 0, 0.0, []), ([], [], 0, 0.0, [])]
     for i in range(len(levels) - 1, -1, -1):
         q = levels[i]
         if q > min(L, max_context):
@@ -466,7 +466,7 @@ def reference_frequent(session: Reference, outputs: Reference | None, context, k
                         and (stream is s or d == 1)]
                 if not rows:
                     continue
-                tokens, probs, p = [], [], 1.0
+                tokens, probs, evidence, p = [], [], [], 1.0
                 for j in range(min(m, k)):
                     column = [r[j] if j < len(r) else None for r in rows]
                     counts = {t: column.count(t) for t in column if t is not None}
@@ -479,10 +479,11 @@ def reference_frequent(session: Reference, outputs: Reference | None, context, k
                     p *= share
                     tokens.append(token)
                     probs.append(p)
+                    evidence.append(counts[token])
                     rows = [r for r in rows if j < len(r) and r[j] == token]
                 if sum(probs) > best[d][3]:
-                    best[d] = (tokens, probs, m, sum(probs))
-    return [b[:3] for b in best]
+                    best[d] = (tokens, probs, m, sum(probs), evidence)
+    return [(tokens, probs, m, evidence) for tokens, probs, m, _, evidence in best]
 
 
 def _texts(alphabet: int):
@@ -516,7 +517,8 @@ def test_frequent_drafts_match_the_reference(nb, session_texts, output_texts, co
                                         occurrences)
         want = reference_frequent(refs[0], refs[1] if with_outputs else None, context, k,
                                   corpora[0].levels, max_context, occurrences)
-        assert [(d.tokens, d.match_len) for d in got] == [(w[0], w[2]) for w in want]
+        assert [(d.tokens, d.match_len, d.evidence) for d in got] == \
+            [(w[0], w[2], w[3]) for w in want]
         for d, w in zip(got, want):
             assert d.probs == pytest.approx(w[1]) and d.score == pytest.approx(sum(w[1]))
     finally:
@@ -532,6 +534,7 @@ def test_a_frequent_path_follows_the_majority_and_counts_the_unwritten_context(e
     local, every = match_mod.frequent_drafts(session, outputs, [5, 2, 3], 8)
     assert local.tokens == [] and every.match_len == 2  # no further than it matched:
     assert every.tokens == [7, 8] and every.probs == pytest.approx([1, 2 / 3])
+    assert every.evidence == [3, 2]  # three occurrences go on with 7, two of them with 8
     # an output being written (the session's open document) is an output too, and its
     # context is an occurrence whose next token is not written yet
     session.extend([2, 3, 4, 2, 3])
