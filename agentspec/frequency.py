@@ -8,8 +8,9 @@ drafts from its own corpora (`agentspec.match.frequent_drafts`: S, and G with th
 written), so they need no structure beyond the match engine's index.
 
 The policy's acceptance model learns, online, how often the served model actually takes such
-a token, by how sure the path was (its conditional frequency at that token) and how long a
-context stood behind it, and weighs those drafts against its copies under one cost model.
+a token, by how sure the path was (its conditional frequency at that token), how many
+occurrences said so and how long a context stood behind it, and weighs those drafts against
+its copies under one cost model.
 """
 
 from __future__ import annotations
