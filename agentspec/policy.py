@@ -19,7 +19,7 @@ mechanisms on and names two small strategy objects, composed per rung by `ladder
   being written (the output repeats itself) goes on repeating, as an overlapping copy does.
 - frequency (ours, after SuffixDecoding): beside the best copy, the most frequent
   continuation of the last few tokens over all outputs or over this session's own text
-  (the one SuffixDecoding would score higher; read from G and S, whose index then starts
+  (the one the acceptance model expects more of; read from G and S, whose index then starts
   at one-token contexts: `agentspec.frequency`, `match.frequent_drafts`); each step
   drafts whichever of the two gains more under the cost model. Each draft token's curve
   knows whether the other candidate agrees there and what kind of token it is, and both
@@ -167,16 +167,21 @@ class CostAware:
             found.append(Candidate(tokens, m.length,
                                    policy.rows(policy.acceptance.kind(source), tokens)))
         if self.frequency and policy.config.session:
-            # as SuffixDecoding: the session's text or all outputs (G's and the one being
-            # written), whichever scores higher; the acceptance model keeps their curves apart
+            # as SuffixDecoding: all outputs (G's and the one being written) or the session's
+            # text; of the two, the one whose tokens the acceptance model, which keeps their
+            # curves apart, expects more of (a tie to all outputs)
             local, frequent = frequent_drafts(policy.sessions[r.session].s, policy.g,
                                               policy.running[r.id].context, max_k)
-            kinds = policy.frequency_kinds
-            if self.session_text and local.score > frequent.score:
-                kinds, frequent = policy.session_frequency_kinds, local
-            if frequent.tokens:
-                found.append(Candidate(frequent.tokens, frequent.match_len,
-                                       policy.rows(kinds.take(frequent.classes), frequent.tokens)))
+            drafts = [(policy.frequency_kinds, frequent)]
+            if self.session_text:
+                drafts.append((policy.session_frequency_kinds, local))
+            options = [Candidate(d.tokens, d.match_len,
+                                 policy.rows(kinds.take(d.classes), d.tokens))
+                       for kinds, d in drafts if d.tokens]
+            if len(options) == 2:
+                options.sort(key=lambda c: -policy.acceptance.expected(r.role, c.m, c.rows,
+                                                                       len(c.rows)))
+            found += options[:1]
             if len(found) == 2 and self.agreement:
                 mark_agreement(*found)
         return found

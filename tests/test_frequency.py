@@ -213,6 +213,29 @@ def test_full_drafts_by_frequency_from_the_sessions_own_text():
     assert frequency_candidates("q", "B") == {}
 
 
+def test_the_frequency_candidate_is_the_source_the_served_model_takes_more_of():
+    # after `5 6` the session's text has 7 twice and the outputs 8 once and 9 once: which of
+    # the two drafts is the candidate follows what the served model was seen to take
+    def frequency_candidate(never_taken: str) -> tuple[str, list[int]]:
+        p = Policy(ladder()["full"], global_seed=[[5, 6, 8, 0], [5, 6, 9, 0]])
+        p.register("A", PROMPT, [5, 6, 7, 1, 5, 6, 7, 2])
+        for kind in getattr(p, never_taken):
+            for _ in range(100):
+                p.acceptance.observe("code", 2, known=2, matched=0, source=np.full(2, kind))
+        r = request("r", "A", [4, 4, 5, 6])
+        p.start(r)
+        p.propose([r])
+        kinds = {v: k for k, v in p.acceptance.kinds.items()}
+        found = [(kinds[int(c.rows[0]) // MODIFIERS], c.tokens[:1])
+                 for c in p.running["r"].candidates]
+        return next((kind, tokens) for kind, tokens in found if "F" in kind)
+
+    kind, tokens = frequency_candidate("frequency_kinds")  # the outputs' drafts never taken
+    assert kind.startswith("SF") and tokens == [7]
+    kind, tokens = frequency_candidate("session_frequency_kinds")
+    assert kind.startswith("F") and tokens in ([8], [9])
+
+
 def test_the_session_text_is_a_rung_switch():
     p = Policy(replace(ladder()["full-no-session-text"], global_=False))
     p.register("A", PROMPT, [5, 6, 7, 1, 5, 6, 9, 2])
