@@ -178,10 +178,10 @@ class CostAware:
             options = [Candidate(d.tokens, d.match_len,
                                  policy.rows(kinds.take(d.classes), d.tokens))
                        for kinds, d in drafts if d.tokens]
-            if len(options) == 2:
-                options.sort(key=lambda c: -policy.acceptance.expected(r.role, c.m, c.rows,
-                                                                       len(c.rows)))
-            found += options[:1]
+            if len(options) == 2:  # (max keeps the first of equals)
+                options = [max(options, key=lambda c: policy.acceptance.expected(
+                    r.role, c.m, c.rows, len(c.rows)))]
+            found += options
             if len(found) == 2 and self.agreement:
                 mark_agreement(*found)
         return found
