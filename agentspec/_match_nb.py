@@ -241,16 +241,20 @@ def _vote(buf, e, k):
 @njit(cache=True)
 def frequent(s_runs, s_tail_keys, s_tail_pos, s_tail_len, s_seen, s_buf, s_open, open_len,
              g_runs, g_tail_keys, g_tail_pos, g_tail_len, g_seen, g_buf, with_g,
-             context, pw, levels, mask, want, k, max_context, min_prob, found, found_tokens):
+             context, pw, levels, mask, want, k, max_context, min_prob, share_edges,
+             evidence_edges, worth, found, found_tokens):
     """match.frequent_drafts once the context is int32: a request writes at the end of
     corpus s (its open document starts at buffer index s_open and holds open_len tokens),
     g holds other outputs (read only with_g). Both corpora come as `lookup` reads one,
     passed one by one (a tuple that holds a typed list is slow to pass in). Draft 0 is from
     s, draft 1 from every output (g's and s's open document). Written into `found` (6 + 2k
-    floats) and `found_tokens` (4k), as returning arrays costs more than the search: the
-    length, context length m (0: none) and score of each draft (found[3d : 3d + 3]), then
-    the probabilities of each (found[6 + dk :]), its tokens (found_tokens[dk :]) and their
-    evidence (found_tokens[2k + dk :])."""
+    floats) and `found_tokens` (6k), as returning arrays costs more than the search: the
+    length, context length m (0: none) and score of each draft (found[3d : 3d + 3]), the
+    probabilities of each (found[6 + dk :]), and from found_tokens[3dk] its tokens, their
+    evidence and their frequency classes (`agentspec.frequency.frequency_classes`, by the edges
+    given), one after the other (one read each). A path's score is its expected accepted
+    tokens under `worth` (`agentspec.frequency.expected_accepted`; an empty one: its
+    probabilities summed)."""
     s = (s_runs, s_tail_keys, s_tail_pos, s_tail_len, s_seen, s_buf)
     g = (g_runs, g_tail_keys, g_tail_pos, g_tail_len, g_seen, g_buf)
     ctx = np.where(context < 0, _NEVER, context).astype(np.int32)
@@ -260,6 +264,7 @@ def frequent(s_runs, s_tail_keys, s_tail_pos, s_tail_len, s_seen, s_buf, s_open,
     lens = np.empty(2 * want, dtype=np.int64)
     rows = np.empty(2 * want, dtype=np.int64)
     tokens, probs, evidence = np.empty(k, dtype=np.int32), np.empty(k), np.empty(k, np.int64)
+    classes = np.empty(k, np.int64)
     found[:6] = 0
     scores = np.zeros(2)
     for i in range(len(levels) - 1, -1, -1):
@@ -295,13 +300,36 @@ def frequent(s_runs, s_tail_keys, s_tail_pos, s_tail_len, s_seen, s_buf, s_open,
                     continue
                 length = _path(conts, rows[:r], itself, min(m, k), min_prob, tokens, probs,
                                evidence)
-                score = probs[:length].sum()
+                score, before, reached = 0.0, 1.0, 1.0
+                for j in range(length):
+                    classes[j] = _frequency_class(probs[j] / before, evidence[j], share_edges,
+                                                  evidence_edges)
+                    before = probs[j]
+                    if worth.shape[0]:
+                        reached *= worth[d, classes[j], min(m + j, worth.shape[2] - 1)]
+                        score += reached
+                    else:
+                        score += probs[j]
                 if score > scores[d]:
                     scores[d] = score
                     found[3 * d], found[3 * d + 1], found[3 * d + 2] = length, m, score
                     found[6 + d * k : 6 + d * k + length] = probs[:length]
-                    found_tokens[d * k : d * k + length] = tokens[:length]
-                    found_tokens[(2 + d) * k : (2 + d) * k + length] = evidence[:length]
+                    at = 3 * d * k
+                    found_tokens[at : at + length] = tokens[:length]
+                    found_tokens[at + length : at + 2 * length] = evidence[:length]
+                    found_tokens[at + 2 * length : at + 3 * length] = classes[:length]
+
+
+@njit(cache=True)
+def _frequency_class(share, evidence, share_edges, evidence_edges):
+    """One token's class, as agentspec.frequency.frequency_classes gives it."""
+    band = 0
+    while band < len(share_edges) and share >= share_edges[band]:
+        band += 1
+    support = 0
+    while support < len(evidence_edges) and evidence >= evidence_edges[support]:
+        support += 1
+    return band + (len(share_edges) + 1) * support
 
 
 @njit(cache=True)

@@ -242,6 +242,17 @@ class AcceptanceModel:
         kind = (kh[kind_cells] + w * ph[at] / pt[at]) / (kt[kind_cells] + w)
         return np.cumprod((h[cells] + w * kind) / (t[cells] + w))
 
+    def kind_hazards(self, role: str, kinds: np.ndarray, lengths: int) -> np.ndarray:
+        """Per kind (its first row, as `kind` gives it) and copy length L < lengths: the
+        hazard that a draft token of that kind continuing a copy of length L is accepted, by
+        the kind's curve (every row of it pooled, as `accept_probs` shrinks a row toward)."""
+        at = copy_bins(np.arange(lengths)) + _PAD
+        _, _, kt, kh = self._tables(role)
+        pt, ph = self._pooled(role)
+        cells = (np.asarray(kinds) // MODIFIERS)[:, None] * _WIDTH + at
+        w = self.source_weight
+        return (kh[cells] + w * ph[at] / pt[at]) / (kt[cells] + w)
+
     def plan(self, role: str, m: int, kinds: Kinds, n: int,
              costs: np.ndarray) -> tuple[int, float]:
         """(length, gain) of the best way to send at most n tokens of a draft after a match

@@ -66,12 +66,14 @@ import bisect
 import os
 from collections import Counter
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Sequence
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from agentspec.frequency import NO_DRAFT, FrequencyDraft
+from agentspec.frequency import (EVIDENCE_EDGES, NO_DRAFT, SHARE_EDGES, FrequencyDraft,
+                                 expected_accepted, frequency_classes)
 
 TAIL_MAX = 8192  # tokens whose entries stay in the unsorted tail before becoming a run
 MERGE_FACTOR = 4  # merge a run into the previous one while that one is <= this many times larger
@@ -785,15 +787,17 @@ class Corpus:
 
 
 def frequent_drafts(session: Corpus, outputs: Corpus | None, context, k: int,
-                    max_context: int = 8, occurrences: int = 16, min_prob: float = 0.1
-                    ) -> tuple[FrequencyDraft, FrequencyDraft]:
+                    max_context: int = 8, occurrences: int = 32, min_prob: float = 0.1,
+                    worth: np.ndarray | None = None) -> tuple[FrequencyDraft, FrequencyDraft]:
     """SuffixDecoding's drafts for a request whose output is being written at the end of
     `session` (its open document; `context` ends there): one from the session's text, one
     from every output (`outputs`' and the one being written). For each context length
     m <= max_context that occurs, the most frequent path (`_frequent_path`, at most m and k
     tokens) after the occurrences at least that long among the `occurrences` most recent
     (in each corpus) of the longest indexed length <= m; each draft is the path with the
-    highest score (its probabilities summed, the tokens it expects accepted). A path after m
+    highest score: its expected accepted tokens under `worth[d]` for draft d
+    (`frequency.expected_accepted`, a table per frequency class and matched length), or
+    without one, as SuffixDecoding scores a path, its probabilities summed. A path after m
     tokens scores at most min(m, k), so shorter contexts are only read while they could
     still win.
     The context counts as an occurrence too, one whose next token is not written yet, where
@@ -814,18 +818,22 @@ def frequent_drafts(session: Corpus, outputs: Corpus | None, context, k: int,
     if session._nb is not None and (outputs is None or outputs._nb is not None):
         g = outputs if outputs is not None else session
         k = int(k)
-        found, found_tokens = np.empty(6 + 2 * k), np.empty(4 * k, dtype=np.int64)
+        found, found_tokens = _frequent_buffers(k)
         session._nb.frequent(*session._nb_state(), s_open, open_len, *g._nb_state(),
                              outputs is not None, ctx, session._pw, session._levels_arr,
                              np.uint32(_KEY_MASK), occurrences, k, max_context, min_prob,
-                             found, found_tokens)
-        drafts = []
+                             SHARE_EDGES, EVIDENCE_EDGES,
+                             _NO_WORTH if worth is None else worth, found, found_tokens)
+        header, drafts = found[:6].tolist(), []
         for d in range(2):
-            length, m, score = found[3 * d : 3 * d + 3].tolist()
-            a, b = d * k, d * k + int(length)
-            drafts.append(FrequencyDraft(found_tokens[a:b].tolist(), found[6 + a : 6 + b].tolist(),
-                                         found_tokens[2 * k + a : 2 * k + b].tolist(), int(m),
-                                         score) if m else NO_DRAFT)
+            length, m, score = int(header[3 * d]), int(header[3 * d + 1]), header[3 * d + 2]
+            if not m:
+                drafts.append(NO_DRAFT)
+                continue
+            ints = found_tokens[3 * d * k : 3 * d * k + 3 * length].tolist()
+            probs = found[6 + d * k : 6 + d * k + length].tolist()
+            drafts.append(FrequencyDraft(ints[:length], probs, ints[length : 2 * length],
+                                         ints[2 * length :], m, score))
         return drafts[0], drafts[1]
     L, levels = len(ctx), session.levels
     keys = _key(session._qmat[:, session._W - L :] @ ctx.astype(np.uint64))
@@ -855,9 +863,21 @@ def frequent_drafts(session: Corpus, outputs: Corpus | None, context, k: int,
                 if not len(rows):
                     continue
                 tokens, probs, evidence = _frequent_path(rows, int(m <= open_len), min_prob)
-                if sum(probs) > best[d].score:
-                    best[d] = FrequencyDraft(tokens, probs, evidence, m, sum(probs))
+                classes = frequency_classes(probs, evidence)
+                score = sum(probs) if worth is None else expected_accepted(classes, m, worth[d])
+                if score > best[d].score:
+                    best[d] = FrequencyDraft(tokens, probs, evidence, classes, m, score)
     return best[0], best[1]
+
+
+_NO_WORTH = np.zeros((0, 0, 0))  # (the kernel's "no table")
+
+
+@lru_cache(maxsize=8)
+def _frequent_buffers(k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Where the compiled search writes its drafts of at most k tokens (read out at once,
+    so one pair per k serves every call)."""
+    return np.empty(6 + 2 * k), np.empty(6 * k, dtype=np.int64)
 
 
 def _frequent_path(continuations: np.ndarray, unwritten: int,

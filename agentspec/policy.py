@@ -47,6 +47,7 @@ from agentspec.match import Corpus, Match, context_ids, frequent_drafts
 from agentspec.speculation import accepted_prefix
 from agentspec.structure import BlockTracker, StructureError, parse_structure
 
+WORTH_EVERY = 32
 NO_MATCH = Match(length=0, tokens=[], candidates=0, agree=0, agreed=0, position=-1)
 
 
@@ -118,7 +119,8 @@ class CostAware:
     """Ours: per request, the candidate and length that gain most, expected accepted tokens
     (the policy's `AcceptanceModel`) against what drafting them costs at this batch size.
     Its switches: a frequency-weighted candidate over outputs beside the copy (`frequency`),
-    and over the session's own text too (`session_text`);
+    and over the session's own text too (`session_text`), each the path the acceptance
+    model expects the most of (`learned_paths`; else SuffixDecoding's pick);
     each draft token's curve knowing whether the other candidate agrees there (`agreement`)
     and what kind of token it is (`token_classes`); every candidate scored against what the
     target wrote, not only the draft sent (`score_all`). No Kmax cap: the acceptance model
@@ -131,6 +133,7 @@ class CostAware:
 
     frequency: bool = False
     session_text: bool = False
+    learned_paths: bool = False
     agreement: bool = False
     token_classes: bool = False
     score_all: bool = False
@@ -170,8 +173,9 @@ class CostAware:
             # as SuffixDecoding: all outputs (G's and the one being written) or the session's
             # text; of the two, the one whose tokens the acceptance model, which keeps their
             # curves apart, expects more of (a tie to all outputs)
-            local, frequent = frequent_drafts(policy.sessions[r.session].s, policy.g,
-                                              policy.running[r.id].context, max_k)
+            local, frequent = frequent_drafts(
+                policy.sessions[r.session].s, policy.g, policy.running[r.id].context, max_k,
+                worth=policy.path_worth(r.role) if self.learned_paths else None)
             drafts = [(policy.frequency_kinds, frequent)]
             if self.session_text:
                 drafts.append((policy.session_frequency_kinds, local))
@@ -414,6 +418,7 @@ class Policy:
         # each token's class (see allocator.MODIFIERS); all one class without a tokenizer
         self.token_classes = token_classes(token_bytes) \
             if token_bytes and cost.token_classes else None
+        self._worth: dict[str, tuple[int, np.ndarray]] = {}  # see path_worth
         # the acceptance model's kind of each frequency class, from G and from S
         self.frequency_kinds, self.session_frequency_kinds = (
             np.array([self.acceptance.kind(source + k) for k in FREQUENCY_CLASSES])
@@ -565,6 +570,19 @@ class Policy:
         if self.costs.observe(verified, seconds):
             self._costs.clear()
 
+    def path_worth(self, role: str) -> np.ndarray:
+        """What a frequency path's token is worth to the served model, by source (session
+        text, all outputs), frequency class and matched length: the acceptance model's kind
+        curves, read again every WORTH_EVERY drafts of a role (they move slowly)."""
+        age, worth = self._worth.get(role, (WORTH_EVERY, None))
+        if age >= WORTH_EVERY:
+            lengths = self.config.max_k + 1
+            worth = np.stack([self.acceptance.kind_hazards(role, kinds, lengths) for kinds in
+                              (self.session_frequency_kinds, self.frequency_kinds)])
+            age = 0
+        self._worth[role] = (age + 1, worth)
+        return worth
+
     def rows(self, kinds: int | np.ndarray, tokens: list[int]) -> np.ndarray:
         """Each draft token's row in the acceptance model: its kind, alone, and its class."""
         if self.token_classes is None:
@@ -596,8 +614,8 @@ def ladder(lam: float = 0.2) -> dict[str, PolicyConfig]:
     workspace = replace(session, name="workspace", workspace=True)
     emission = replace(workspace, name="emission", emission=True)
     glob = replace(emission, name="global", global_=True)
-    cost = CostAware(frequency=True, session_text=True, agreement=True, token_classes=True,
-                     score_all=True)
+    cost = CostAware(frequency=True, session_text=True, learned_paths=True, agreement=True,
+                     token_classes=True, score_all=True)
     full = replace(glob, name="full", listings=True, isolate=True, follow=True,
                    choose=MostExpected(), length=cost, lam=lam)
     return {
@@ -618,6 +636,8 @@ def ladder(lam: float = 0.2) -> dict[str, PolicyConfig]:
                                      length=replace(cost, frequency=False)),
         "full-no-session-text": replace(full, name="full-no-session-text",
                                         length=replace(cost, session_text=False)),
+        "full-no-learned-paths": replace(full, name="full-no-learned-paths",
+                                         length=replace(cost, learned_paths=False)),
         "full-no-agreement": replace(full, name="full-no-agreement",
                                      length=replace(cost, agreement=False)),
         "full-no-classes": replace(full, name="full-no-classes",

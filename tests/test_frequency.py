@@ -16,7 +16,7 @@ from agentspec import allocator
 from agentspec.allocator import AGREED, MODIFIERS, SPLIT, TOKEN_CLASSES, AcceptanceModel, token_classes
 from agentspec.costs import linear_costs
 from agentspec.drafter import PROMPT, Request
-from agentspec.frequency import FREQUENCY_CLASSES, FrequencyDraft
+from agentspec.frequency import FREQUENCY_CLASSES, frequency_classes
 from agentspec.policy import (Candidate, CostAware, Fixed, MostExpected, Policy, PolicyConfig,
                               ladder, mark_agreement)
 
@@ -45,9 +45,9 @@ def test_full_drafts_by_frequency_without_arctic_inference(monkeypatch):
 
 
 def test_a_frequent_path_reports_how_sure_it_was_of_each_token_and_on_what_evidence():
-    d = FrequencyDraft([7, 8, 9], [1.0, 2 / 3, 2 / 3], [1, 2, 4], 2, 7 / 3)
+    classes = frequency_classes([1.0, 2 / 3, 2 / 3], [1, 2, 4])
     # a share of 1 from one occurrence; 2/3 from two (the band below 0.8); then 1 from four
-    assert [FREQUENCY_CLASSES[c] for c in d.classes] == ["F1x1", "F<.8x2", "F1x4"]
+    assert [FREQUENCY_CLASSES[c] for c in classes] == ["F1x1", "F<.8x2", "F1x4"]
 
 
 # --- per-token rows -------------------------------------------------------------------------
@@ -245,3 +245,24 @@ def test_the_session_text_is_a_rung_switch():
     kinds = {v: k for k, v in p.acceptance.kinds.items()}
     assert not [c for c in p.running["r"].candidates
                 if kinds[int(c.rows[0]) // MODIFIERS].startswith("SF")]
+
+
+def test_the_path_drafted_is_the_one_the_served_model_is_seen_to_take():
+    # past outputs: the context 1 2 3 once, then 7 7 7; its last token 3 five times, then 9
+    seed = [[1, 2, 3, 7, 7, 7]] + [[5, 3, 9, 9]] * 5
+
+    def frequency_path(rung: str) -> list[int]:
+        p = Policy(ladder()[rung], global_seed=seed)
+        for c, kind in zip(FREQUENCY_CLASSES, p.frequency_kinds):  # what one output says
+            for _ in range(100):  # is never what this model writes
+                p.acceptance.observe("code", 1, known=3, matched=0 if "x1" in c else 3,
+                                     source=np.full(3, kind))
+        r = request("r", "A", [4, 1, 2, 3])
+        p.start(r)
+        p.propose([r])
+        kinds = {v: k for k, v in p.acceptance.kinds.items()}
+        return next(c.tokens for c in p.running["r"].candidates
+                    if kinds[int(c.rows[0]) // MODIFIERS].startswith("F"))
+
+    assert frequency_path("full") == [9]
+    assert frequency_path("full-no-learned-paths") == [7, 7, 7]  # SuffixDecoding's pick

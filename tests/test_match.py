@@ -13,6 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from agentspec.frequency import FREQUENCY_CLASSES, frequency_classes
 from agentspec import match as match_mod
 from agentspec.match import Corpus, Match, default_levels
 
@@ -422,11 +423,13 @@ def test_numpy_path_is_the_fallback(how):
 # ---------------------------------------------------------------- frequency drafts
 
 def reference_frequent(session: Reference, outputs: Reference | None, context, k: int,
-                       levels, max_context: int, occurrences: int, min_prob: float = 0.1):
+                       levels, max_context: int, occurrences: int, min_prob: float = 0.1,
+                       worth=None):
     """The rule of `frequent_drafts`, written plainly (every level and length read, longest
-    first, a later path winning only with a higher score): (tokens, probs, m, evidence)
+    first, a later path winning only with a higher score): (tokens, probs, m, evidence, score)
     from the session's text, then from every output (the other outputs and the session's
-    open document)."""
+    open document). A path's score: its probabilities summed or, given worth[d], the sum
+    over its tokens of the product of worth[d][class, m + j] up to each."""
     ctx = [int(t) for t in context][-session.max_match :]
     L, s = len(ctx), session.stream
     open_start = max((i + 1 for i, t in enumerate(s) if t is None), default=0)
@@ -481,9 +484,13 @@ def reference_frequent(session: Reference, outputs: Reference | None, context, k
                     probs.append(p)
                     evidence.append(counts[token])
                     rows = [r for r in rows if j < len(r) and r[j] == token]
-                if sum(probs) > best[d][3]:
-                    best[d] = (tokens, probs, m, sum(probs), evidence)
-    return [(tokens, probs, m, evidence) for tokens, probs, m, _, evidence in best]
+                score, reached = 0.0, 1.0
+                for j, c in enumerate(frequency_classes(probs, evidence)):
+                    reached *= 1.0 if worth is None else worth[d][c][min(m + j, len(worth[d][c]) - 1)]
+                    score += probs[j] if worth is None else reached
+                if score > best[d][3]:
+                    best[d] = (tokens, probs, m, score, evidence)
+    return [(tokens, probs, m, evidence, score) for tokens, probs, m, score, evidence in best]
 
 
 def _texts(alphabet: int):
@@ -495,9 +502,11 @@ def _texts(alphabet: int):
 @pytest.mark.parametrize("nb", ENGINES)
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_texts(3), _texts(4), st.lists(st.integers(0, 3), max_size=12), st.integers(1, 6),
-       st.sampled_from([1, 2, 3, 8]), st.integers(1, 5), st.booleans(), KNOBS)
+       st.sampled_from([1, 2, 3, 8]), st.integers(1, 5), st.booleans(), KNOBS,
+       st.none() | st.integers(0, 2**32 - 1))
 def test_frequent_drafts_match_the_reference(nb, session_texts, output_texts, context, k,
-                                             max_context, occurrences, with_outputs, knobs):
+                                             max_context, occurrences, with_outputs, knobs,
+                                             worth_seed):
     knobs = dict(knobs, _nb=nb)
     saved = {name: getattr(match_mod, name) for name in knobs}
     try:
@@ -513,14 +522,19 @@ def test_frequent_drafts_match_the_reference(nb, session_texts, output_texts, co
                     corpus.end_document()
                     ref.end_document()
         outputs = corpora[1] if with_outputs else None
+        # a table of what each class is worth at each matched length, or SuffixDecoding's score
+        worth = None if worth_seed is None else \
+            np.random.default_rng(worth_seed).random((2, len(FREQUENCY_CLASSES), 10))
         got = match_mod.frequent_drafts(corpora[0], outputs, context, k, max_context,
-                                        occurrences)
+                                        occurrences, worth=worth)
         want = reference_frequent(refs[0], refs[1] if with_outputs else None, context, k,
-                                  corpora[0].levels, max_context, occurrences)
+                                  corpora[0].levels, max_context, occurrences,
+                                  worth=None if worth is None else worth.tolist())
         assert [(d.tokens, d.match_len, d.evidence) for d in got] == \
             [(w[0], w[2], w[3]) for w in want]
         for d, w in zip(got, want):
-            assert d.probs == pytest.approx(w[1]) and d.score == pytest.approx(sum(w[1]))
+            assert d.probs == pytest.approx(w[1]) and d.classes == frequency_classes(w[1], w[3])
+            assert d.score == pytest.approx(w[4])
     finally:
         for name, value in saved.items():
             setattr(match_mod, name, value)
@@ -548,3 +562,21 @@ def test_a_frequent_path_follows_the_majority_and_counts_the_unwritten_context(e
     assert match_mod.frequent_drafts(session, None, [9, 9], 8)[1].tokens == []
     with pytest.raises(ValueError, match="same levels"):
         match_mod.frequent_drafts(session, Corpus(), [2, 3], 8)
+
+
+def test_a_path_is_chosen_by_what_it_is_worth_to_the_model_when_that_is_known(engine):
+    session, outputs = Corpus(min_context=1), Corpus(min_context=1)
+    outputs.extend([1, 2, 3, 7, 7, 7])  # the whole context once, then 7 7 7
+    outputs.end_document()
+    for _ in range(5):  # its last token often, then 9
+        outputs.extend([5, 3, 9, 9])
+        outputs.end_document()
+    # SuffixDecoding's score: three certainties after the one long occurrence
+    every = match_mod.frequent_drafts(session, outputs, [1, 2, 3], 8)[1]
+    assert every.tokens == [7, 7, 7] and every.score == pytest.approx(3)
+    # a model that never takes what one occurrence says, and often what five agree on
+    once = [FREQUENCY_CLASSES.index(c) for c in FREQUENCY_CLASSES if c.endswith("x1")]
+    worth = np.full((2, len(FREQUENCY_CLASSES), 16), 0.9)
+    worth[:, once] = 0.1
+    every = match_mod.frequent_drafts(session, outputs, [1, 2, 3], 8, worth=worth)[1]
+    assert every.tokens == [9] and every.match_len == 1 and every.score == pytest.approx(0.9)
