@@ -787,7 +787,7 @@ class Corpus:
 
 
 def frequent_drafts(session: Corpus, outputs: Corpus | None, context, k: int,
-                    max_context: int = 8, occurrences: int = 32, min_prob: float = 0.1,
+                    max_context: int = 8, occurrences: int = 16, min_prob: float = 0.1,
                     worth: np.ndarray | None = None) -> tuple[FrequencyDraft, FrequencyDraft]:
     """SuffixDecoding's drafts for a request whose output is being written at the end of
     `session` (its open document; `context` ends there): one from the session's text, one
