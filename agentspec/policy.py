@@ -19,8 +19,9 @@ mechanisms on and names two small strategy objects, composed per rung by `ladder
   being written (the output repeats itself) goes on repeating, as an overlapping copy does.
 - frequency (ours, after SuffixDecoding): beside the best copy, the most frequent
   continuation of the last few tokens over all outputs or over this session's own text
-  (the one the acceptance model expects more of; read from G and S, whose index then starts
-  at one-token contexts: `agentspec.frequency`, `match.frequent_drafts`); each step
+  (each source's path, and the source, the one the acceptance model expects more accepted
+  tokens of; read from G and S, whose index then starts at one-token contexts:
+  `agentspec.frequency`, `match.frequent_drafts`); each step
   drafts whichever of the two gains more under the cost model. Each draft token's curve
   knows whether the other candidate agrees there and what kind of token it is, and both
   candidates are scored against what the target wrote, drafted or not, so the choice is
@@ -47,7 +48,7 @@ from agentspec.match import Corpus, Match, context_ids, frequent_drafts
 from agentspec.speculation import accepted_prefix
 from agentspec.structure import BlockTracker, StructureError, parse_structure
 
-WORTH_EVERY = 32
+WORTH_EVERY = 128
 NO_MATCH = Match(length=0, tokens=[], candidates=0, agree=0, agreed=0, position=-1)
 
 
@@ -171,21 +172,17 @@ class CostAware:
                                    policy.rows(policy.acceptance.kind(source), tokens)))
         if self.frequency and policy.config.session:
             # as SuffixDecoding: all outputs (G's and the one being written) or the session's
-            # text; of the two, the one whose tokens the acceptance model, which keeps their
-            # curves apart, expects more of (a tie to all outputs)
+            # text, whichever draft scores higher (with `learned_paths`, the one the served
+            # model is expected to take more of; a tie to all outputs)
             local, frequent = frequent_drafts(
                 policy.sessions[r.session].s, policy.g, policy.running[r.id].context, max_k,
                 worth=policy.path_worth(r.role) if self.learned_paths else None)
-            drafts = [(policy.frequency_kinds, frequent)]
-            if self.session_text:
-                drafts.append((policy.session_frequency_kinds, local))
-            options = [Candidate(d.tokens, d.match_len,
-                                 policy.rows(kinds.take(d.classes), d.tokens))
-                       for kinds, d in drafts if d.tokens]
-            if len(options) == 2:  # (max keeps the first of equals)
-                options = [max(options, key=lambda c: policy.acceptance.expected(
-                    r.role, c.m, c.rows, len(c.rows)))]
-            found += options
+            kinds, d = policy.frequency_kinds, frequent
+            if self.session_text and local.score > frequent.score:
+                kinds, d = policy.session_frequency_kinds, local
+            if d.tokens:
+                found.append(Candidate(d.tokens, d.match_len,
+                                       policy.rows(kinds.take(d.classes), d.tokens)))
             if len(found) == 2 and self.agreement:
                 mark_agreement(*found)
         return found
