@@ -304,6 +304,7 @@ class _Session:
     s: Corpus
     w: Corpus
     blocks: dict[tuple[str, str, str | None], Corpus] = field(default_factory=dict)
+    listings: set[str] = field(default_factory=set)  # unnumbered listings already in s
 
 
 @dataclass
@@ -453,8 +454,10 @@ class Policy:
             st.s.end_document()
             if self.config.listings and self.encode and self.decode:
                 for listing in numbered_listings(self.decode(list(tokens))):
-                    st.s.extend(self.encode(listing))
-                    st.s.end_document()
+                    if listing not in st.listings:  # a window shown again adds nothing
+                        st.listings.add(listing)
+                        st.s.extend(self.encode(listing))
+                        st.s.end_document()
 
     # --- requests --------------------------------------------------------------------
     def start(self, request: Request) -> None:

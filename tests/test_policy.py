@@ -341,6 +341,17 @@ def test_a_line_copied_from_a_numbered_listing_drafts_past_the_line_start():
     assert draft(True) == target and draft(False) != target
 
 
+def test_a_listing_shown_again_is_not_added_again():
+    tok = ChatTokenizer(tiny_tokenizer(), CHATML)
+    shown = tok.encode("[File: calc.py]\n1:def add(a, b):\n2:    total = a - b\n3:    return total\n")
+    p = Policy(PolicyConfig("s", listings=True), encode=tok.encode, decode=tok.decode)
+    p.register("A", TOOL, shown)
+    once = len(p.sessions["A"].s)  # (real tokens held)
+    assert once > len(shown)  # the tool output, and its lines unnumbered
+    p.register("A", TOOL, shown)  # the viewer shows the same window again
+    assert len(p.sessions["A"].s) - once == len(shown)  # the output only
+
+
 def test_structure_isolation_drafts_only_from_the_same_block():
     tok = ChatTokenizer(tiny_tokenizer(), CHATML)
     from agentspec.structure import token_bytes
