@@ -9,7 +9,8 @@ Two allocators over the same per-request candidates:
   drafts the length n that maximizes p_1 + ... + p_n - R * C(n). C(n) is what
   verifying n draft tokens per row costs at this batch size, in plain decode steps (read
   off the measured cost profile, shared/spec/cost-profile.md, or lambda * n); R is the
-  running speedup, so R * C(n) is what that time would have produced at the current rate.
+  running speedup, so R * C(n) is what that time would have produced at the current rate
+  (with `calibrate_sent`, times how optimistic the model was about the drafts it sent).
   With linear costs this drafts token k while p_k >= lambda(b) * R.
 """
 
@@ -52,6 +53,7 @@ def agentspec_lengths(cands: Sequence[tuple[int, int, int] | None], alpha: float
 
 
 COPY_BINS = 64
+SENT_PRIOR = 20.0  # pseudo-tokens behind a role's sent ratio before its first drafts
 
 
 def copy_bin(length: int) -> int:
@@ -148,7 +150,7 @@ class AcceptanceModel:
     def __init__(self, max_k: int = 64,
                  prior: dict[str, tuple[Sequence[float], Sequence[float]]] | None = None,
                  prior_weight: float = 16.0, source_weight: float = 8.0,
-                 window: float = 2000.0):
+                 window: float = 2000.0, calibrate_sent: bool = False):
         self.max_k = max_k
         self.prior = prior or {}
         self.prior_weight = prior_weight
@@ -162,6 +164,8 @@ class AcceptanceModel:
         self.by_row: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         self._args: dict[str, tuple] = {}  # per role: (kinds then, the kernels' tables)
         self.tokens = self.cost = 1.0  # decayed sums behind the running speedup R
+        self.sent: dict[str, tuple[float, float]] = {}  # per role: see sent_ratio
+        self.calibrate_sent = calibrate_sent
 
     @property
     def rate(self) -> float:
@@ -169,6 +173,26 @@ class AcceptanceModel:
         nothing already makes 1, so a worse recent rate must not make drafts look cheaper
         (which would lengthen the very drafts that brought it down)."""
         return max(1.0, self.tokens / self.cost)
+
+    def sent_ratio(self, role: str) -> float:
+        """Predicted over accepted tokens of the drafts a role was sent, recently (1 unless
+        `calibrate_sent`). Sending the candidate and length that look best favours estimates
+        that came out high, a winner's curse: on SWE-agent, sent drafts took 0.90 of the
+        tokens predicted, the candidates passed over 1.18. Plans price a draft token that
+        much dearer (kept within [0.5, 2]: a bad stretch must not stop drafting for good)."""
+        predicted, accepted = self.sent.get(role, (SENT_PRIOR, SENT_PRIOR))
+        return min(2.0, max(0.5, predicted / accepted))
+
+    def observe_sent(self, role: str, predicted: float, accepted: int,
+                     decay: float = 0.999) -> None:
+        """A draft sent for a role, `predicted` tokens expected, took `accepted`."""
+        if self.calibrate_sent:
+            p, a = self.sent.get(role, (SENT_PRIOR, SENT_PRIOR))
+            self.sent[role] = (p * decay + predicted, a * decay + accepted)
+
+    def planning_rate(self, role: str) -> float:
+        """What a plan prices a step's worth at, in tokens: R, times the role's sent ratio."""
+        return self.rate * self.sent_ratio(role)
 
     def charge(self, cost: float, accepted: int, decay: float = 0.999) -> None:
         """One verified row: it cost 1 + `cost` steps and produced accepted + 1 tokens."""
@@ -260,10 +284,11 @@ class AcceptanceModel:
         if m <= 0 or n <= 0:
             return 0, 0.0
         if _nb is None:
-            return best_length(self.accept_probs(role, m, kinds, n), costs, self.rate)
+            return best_length(self.accept_probs(role, m, kinds, n), costs,
+                               self.planning_rate(role))
         rows = self._rows(kinds, n)  # first: it may add a kind, which grows the tables
         return _nb.best_length(*self._kernel_args(role), rows, m, n, _BIN_OF, _WIDTH, _PAD,
-                               KIND_SHIFT, self.source_weight, costs, self.rate)
+                               KIND_SHIFT, self.source_weight, costs, self.planning_rate(role))
 
     def length(self, role: str, m: int, cap: int, costs: np.ndarray, source: str = "") -> int:
         """The draft length n <= cap that gains most."""

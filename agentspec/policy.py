@@ -124,8 +124,10 @@ class CostAware:
     model expects the most of (`learned_paths`; else SuffixDecoding's pick);
     each draft token's curve knowing whether the other candidate agrees there (`agreement`)
     and what kind of token it is (`token_classes`); every candidate scored against what the
-    target wrote, not only the draft sent (`score_all`). No Kmax cap: the acceptance model
-    conditions on match length, which separates long copies from short matches better.
+    target wrote, not only the draft sent (`score_all`); draft tokens priced by how much of
+    its predictions the drafts sent actually took (`calibrate_sent`: the winner's curse of
+    sending the best-looking one). No Kmax cap: the acceptance model conditions on match
+    length, which separates long copies from short matches better.
 
     On an engine that pads (`padded`), every row pays for the longest draft: each row
     keeps its best candidate, and one width is planned for the batch, the one whose
@@ -138,6 +140,7 @@ class CostAware:
     agreement: bool = False
     token_classes: bool = False
     score_all: bool = False
+    calibrate_sent: bool = False
 
     def drafts(self, policy: Policy, batch: Sequence[Request], matches: list[Match],
                padded: bool = False):
@@ -152,11 +155,17 @@ class CostAware:
                 n, c_gain = policy.acceptance.plan(r.role, c.m, c.rows, len(c.rows), costs)
                 if c_gain > gain:
                     draft, gain, run.sent = c.tokens[:n], c_gain, c
+            # the tokens it expects accepted: the gain plus what the draft was priced at
+            run.expected = gain + policy.acceptance.planning_rate(r.role) * costs[len(draft)] \
+                if draft else 0.0
             drafts.append(draft)
         if padded:
             width = common_width(policy, batch, costs)
             runs = [policy.running[r.id] for r in batch]
             drafts = [run.sent.tokens[:width] if run.sent else [] for run in runs]
+            for r, run, draft in zip(batch, runs, drafts):
+                run.expected = policy.acceptance.expected(r.role, run.sent.m, run.sent.rows,
+                                                          len(draft)) if draft else 0.0
         widest = max(map(len, drafts), default=0) if padded else 0
         for r, draft in zip(batch, drafts):  # padded, every row pays for the widest
             policy.running[r.id].cost = float(costs[widest if padded else len(draft)])
@@ -197,6 +206,8 @@ class CostAware:
         for c in scores:
             policy.acceptance.observe(request.role, c.m, *scored(c.tokens, revealed), c.rows)
         policy.acceptance.charge(run.cost, accepted)
+        if drafted:
+            policy.acceptance.observe_sent(request.role, run.expected, accepted)
 
 
 def common_width(policy: Policy, batch: Sequence[Request], costs: np.ndarray) -> int:
@@ -211,7 +222,8 @@ def common_width(policy: Policy, batch: Sequence[Request], costs: np.ndarray) ->
         expected.append(np.concatenate(([0.0], np.cumsum(p))))
     widths = np.arange(min(max(map(len, expected)), len(costs)))
     accepted = sum(e[np.minimum(widths, len(e) - 1)] for e in expected)
-    gain = accepted - len(batch) * policy.acceptance.rate * costs[widths]
+    rates = sum(policy.acceptance.planning_rate(r.role) for r in batch)
+    gain = accepted - rates * costs[widths]
     return int(np.argmax(gain))
 
 
@@ -321,6 +333,7 @@ class _Running:
     context: np.ndarray | None = None  # the step's last max_k tokens, as ids to look up
     candidates: list[Candidate] = field(default_factory=list)  # what this step could draft
     sent: Candidate | None = None  # the one it drafted from
+    expected: float = 0.0  # the acceptance model's expected accepted tokens of the draft sent
 
 
 @dataclass
@@ -402,11 +415,12 @@ class Policy:
         self.controller = Controller(lam=config.lam, kmax=dict(kmax.kmax) if kmax else {})
         # lambda at a batch size (a cost profile's lambda(b)); else config.lam at every size
         self.lam_at = lam_at or (lambda b: config.lam)
-        self.acceptance = AcceptanceModel(max_k=config.max_k, prior=kmax.hazard if kmax else None)
+        cost = config.length if isinstance(config.length, CostAware) else CostAware()
+        self.acceptance = AcceptanceModel(max_k=config.max_k, prior=kmax.hazard if kmax else None,
+                                          calibrate_sent=cost.calibrate_sent)
         self.sessions: dict[str, _Session] = {}
         self.running: dict[str, _Running] = {}
         self.warnings: list[str] = []
-        cost = config.length if isinstance(config.length, CostAware) else CostAware()
         # frequency drafts read contexts down to one token; copies start at two
         self._min_context = 1 if cost.frequency else None
         self.g = self._corpus(config.g_max_tokens) if config.global_ else None
@@ -615,7 +629,7 @@ def ladder(lam: float = 0.2) -> dict[str, PolicyConfig]:
     emission = replace(workspace, name="emission", emission=True)
     glob = replace(emission, name="global", global_=True)
     cost = CostAware(frequency=True, session_text=True, learned_paths=True, agreement=True,
-                     token_classes=True, score_all=True)
+                     token_classes=True, score_all=True, calibrate_sent=True)
     full = replace(glob, name="full", listings=True, isolate=True, follow=True,
                    choose=MostExpected(), length=cost, lam=lam)
     return {
@@ -644,4 +658,6 @@ def ladder(lam: float = 0.2) -> dict[str, PolicyConfig]:
                                    length=replace(cost, token_classes=False)),
         "full-sent-only": replace(full, name="full-sent-only",
                                   length=replace(cost, score_all=False)),
+        "full-no-sent-calibration": replace(full, name="full-no-sent-calibration",
+                                            length=replace(cost, calibrate_sent=False)),
     }

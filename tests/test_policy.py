@@ -136,6 +136,29 @@ def test_cost_aware_learns_acceptance():
                                                                                costs)
 
 
+def test_drafts_that_take_less_than_predicted_make_the_next_plans_shorter():
+    def trained(calibrate_sent: bool) -> AcceptanceModel:
+        model = AcceptanceModel(max_k=16, calibrate_sent=calibrate_sent)
+        for _ in range(300):  # half the drafts are taken whole, half not at all
+            model.observe("code", 8, known=16, matched=16)
+            model.observe("code", 8, known=16, matched=0)
+        return model
+
+    costs = linear_costs(0.3, 16)  # every token's p ~0.5 pays at R = 1; not at twice that
+    model, plain = trained(True), trained(False)
+    assert model.sent_ratio("code") == 1.0 and model.length("code", 8, 16, costs) > 0
+    before = model.length("code", 8, 16, costs)
+    for _ in range(3000):  # the drafts sent take half the tokens the model predicted
+        model.observe_sent("code", predicted=2.0, accepted=1)
+        plain.observe_sent("code", predicted=2.0, accepted=1)
+    assert model.sent_ratio("code") == pytest.approx(2.0, abs=0.05)
+    assert model.length("code", 8, 16, costs) < before == plain.length("code", 8, 16, costs)
+    assert model.sent_ratio("review") == plain.sent_ratio("code") == 1.0  # per role; or off
+    for _ in range(3000):  # a stretch where nothing sent is taken still lets plans draft
+        model.observe_sent("code", predicted=2.0, accepted=0)
+    assert model.sent_ratio("code") == 2.0
+
+
 def test_a_rarely_seen_source_borrows_what_the_model_does_elsewhere():
     prior = {"code": ([16.0] * COPY_BINS, [15.0] * COPY_BINS)}  # the traces: copies hold
     model = AcceptanceModel(max_k=8, prior=prior)
