@@ -164,7 +164,7 @@ class AcceptanceModel:
         self.by_row: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         self._args: dict[str, tuple] = {}  # per role: (kinds then, the kernels' tables)
         self.tokens = self.cost = 1.0  # decayed sums behind the running speedup R
-        self.sent: dict[str, tuple[float, float]] = {}  # per role: see sent_ratio
+        self.sent: dict[str, tuple[float, float]] = {}  # see sent_ratio
         self.calibrate_sent = calibrate_sent
 
     @property
@@ -174,25 +174,26 @@ class AcceptanceModel:
         (which would lengthen the very drafts that brought it down)."""
         return max(1.0, self.tokens / self.cost)
 
-    def sent_ratio(self, role: str) -> float:
-        """Predicted over accepted tokens of the drafts a role was sent, recently (1 unless
-        `calibrate_sent`). Sending the candidate and length that look best favours estimates
-        that came out high, a winner's curse: on SWE-agent, sent drafts took 0.90 of the
-        tokens predicted, the candidates passed over 1.18. Plans price a draft token that
-        much dearer (kept within [0.5, 2]: a bad stretch must not stop drafting for good)."""
-        predicted, accepted = self.sent.get(role, (SENT_PRIOR, SENT_PRIOR))
+    def sent_ratio(self, key: str) -> float:
+        """Predicted over accepted tokens of the drafts sent under `key` (the policy's: a
+        role and the kind of decision), recently (1 unless `calibrate_sent`). Sending the
+        candidate and length that look best favours estimates that came out high, a
+        winner's curse: on SWE-agent, sent drafts took 0.90 of the tokens predicted, the
+        candidates passed over 1.18. Plans price a draft token that much dearer (kept
+        within [0.5, 2]: a bad stretch must not stop drafting for good)."""
+        predicted, accepted = self.sent.get(key, (SENT_PRIOR, SENT_PRIOR))
         return min(2.0, max(0.5, predicted / accepted))
 
-    def observe_sent(self, role: str, predicted: float, accepted: int,
+    def observe_sent(self, key: str, predicted: float, accepted: int,
                      decay: float = 0.999) -> None:
-        """A draft sent for a role, `predicted` tokens expected, took `accepted`."""
+        """A draft sent under `key`, `predicted` tokens expected, took `accepted`."""
         if self.calibrate_sent:
-            p, a = self.sent.get(role, (SENT_PRIOR, SENT_PRIOR))
-            self.sent[role] = (p * decay + predicted, a * decay + accepted)
+            p, a = self.sent.get(key, (SENT_PRIOR, SENT_PRIOR))
+            self.sent[key] = (p * decay + predicted, a * decay + accepted)
 
-    def planning_rate(self, role: str) -> float:
-        """What a plan prices a step's worth at, in tokens: R, times the role's sent ratio."""
-        return self.rate * self.sent_ratio(role)
+    def planning_rate(self, key: str) -> float:
+        """What a plan prices a step's worth at, in tokens: R, times the sent ratio."""
+        return self.rate * self.sent_ratio(key)
 
     def charge(self, cost: float, accepted: int, decay: float = 0.999) -> None:
         """One verified row: it cost 1 + `cost` steps and produced accepted + 1 tokens."""
@@ -277,18 +278,19 @@ class AcceptanceModel:
         w = self.source_weight
         return (kh[cells] + w * ph[at] / pt[at]) / (kt[cells] + w)
 
-    def plan(self, role: str, m: int, kinds: Kinds, n: int,
-             costs: np.ndarray) -> tuple[int, float]:
+    def plan(self, role: str, m: int, kinds: Kinds, n: int, costs: np.ndarray,
+             sent: str | None = None) -> tuple[int, float]:
         """(length, gain) of the best way to send at most n tokens of a draft after a match
-        of length m (see `best_length`)."""
+        of length m (see `best_length`), priced by the sent ratio of `sent` (default: the
+        role's)."""
         if m <= 0 or n <= 0:
             return 0, 0.0
+        rate = self.planning_rate(role if sent is None else sent)
         if _nb is None:
-            return best_length(self.accept_probs(role, m, kinds, n), costs,
-                               self.planning_rate(role))
+            return best_length(self.accept_probs(role, m, kinds, n), costs, rate)
         rows = self._rows(kinds, n)  # first: it may add a kind, which grows the tables
         return _nb.best_length(*self._kernel_args(role), rows, m, n, _BIN_OF, _WIDTH, _PAD,
-                               KIND_SHIFT, self.source_weight, costs, self.planning_rate(role))
+                               KIND_SHIFT, self.source_weight, costs, rate)
 
     def length(self, role: str, m: int, cap: int, costs: np.ndarray, source: str = "") -> int:
         """The draft length n <= cap that gains most."""

@@ -150,14 +150,15 @@ class CostAware:
             run = policy.running[r.id]
             run.candidates = self._candidates(policy, r, m, run.source)
             # padded, a row's best candidate drafts even when it would not pay alone
-            draft, gain, run.sent = [], -np.inf if padded else 0.0, None
+            draft, gain, run.sent, run.sent_key = [], -np.inf if padded else 0.0, None, r.role
             for c in run.candidates:
-                n, c_gain = policy.acceptance.plan(r.role, c.m, c.rows, len(c.rows), costs)
+                key = sent_key(r.role, c, run.candidates)
+                n, c_gain = policy.acceptance.plan(r.role, c.m, c.rows, len(c.rows), costs, key)
                 if c_gain > gain:
-                    draft, gain, run.sent = c.tokens[:n], c_gain, c
+                    draft, gain, run.sent, run.sent_key = c.tokens[:n], c_gain, c, key
             # the tokens it expects accepted: the gain plus what the draft was priced at
-            run.expected = gain + policy.acceptance.planning_rate(r.role) * costs[len(draft)] \
-                if draft else 0.0
+            run.expected = gain + policy.acceptance.planning_rate(run.sent_key) \
+                * costs[len(draft)] if draft else 0.0
             drafts.append(draft)
         if padded:
             width = common_width(policy, batch, costs)
@@ -191,7 +192,8 @@ class CostAware:
                 kinds, d = policy.session_frequency_kinds, local
             if d.tokens:
                 found.append(Candidate(d.tokens, d.match_len,
-                                       policy.rows(kinds.take(d.classes), d.tokens)))
+                                       policy.rows(kinds.take(d.classes), d.tokens),
+                                       frequency=True))
             if len(found) == 2 and self.agreement:
                 mark_agreement(*found)
         return found
@@ -207,7 +209,7 @@ class CostAware:
             policy.acceptance.observe(request.role, c.m, *scored(c.tokens, revealed), c.rows)
         policy.acceptance.charge(run.cost, accepted)
         if drafted:
-            policy.acceptance.observe_sent(request.role, run.expected, accepted)
+            policy.acceptance.observe_sent(run.sent_key, run.expected, accepted)
 
 
 def common_width(policy: Policy, batch: Sequence[Request], costs: np.ndarray) -> int:
@@ -222,7 +224,7 @@ def common_width(policy: Policy, batch: Sequence[Request], costs: np.ndarray) ->
         expected.append(np.concatenate(([0.0], np.cumsum(p))))
     widths = np.arange(min(max(map(len, expected)), len(costs)))
     accepted = sum(e[np.minimum(widths, len(e) - 1)] for e in expected)
-    rates = sum(policy.acceptance.planning_rate(r.role) for r in batch)
+    rates = sum(policy.acceptance.planning_rate(policy.running[r.id].sent_key) for r in batch)
     gain = accepted - rates * costs[widths]
     return int(np.argmax(gain))
 
@@ -334,6 +336,7 @@ class _Running:
     candidates: list[Candidate] = field(default_factory=list)  # what this step could draft
     sent: Candidate | None = None  # the one it drafted from
     expected: float = 0.0  # the acceptance model's expected accepted tokens of the draft sent
+    sent_key: str = ""  # whose sent ratio priced it (`sent_key`)
 
 
 @dataclass
@@ -344,6 +347,15 @@ class Candidate:
     tokens: list[int]
     m: int
     rows: np.ndarray
+    frequency: bool = False  # a frequency path, not a copy
+
+
+def sent_key(role: str, c: Candidate, candidates: list[Candidate]) -> str:
+    """Whose sent ratio prices a candidate (AcceptanceModel.sent_ratio): its role, copy or
+    frequency path, and whether another candidate competed with it. The winner's curse
+    differs between them: on SWE-agent a copy sent over a frequency draft took 0.86 of
+    the tokens predicted, a frequency draft sent over a copy 0.95, a lone one 0.99."""
+    return f"{role}/{'frequency' if c.frequency else 'copy'}/{len(candidates)}"
 
 
 def mark_agreement(a: Candidate, b: Candidate) -> None:

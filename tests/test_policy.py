@@ -153,7 +153,9 @@ def test_drafts_that_take_less_than_predicted_make_the_next_plans_shorter():
         plain.observe_sent("code", predicted=2.0, accepted=1)
     assert model.sent_ratio("code") == pytest.approx(2.0, abs=0.05)
     assert model.length("code", 8, 16, costs) < before == plain.length("code", 8, 16, costs)
-    assert model.sent_ratio("review") == plain.sent_ratio("code") == 1.0  # per role; or off
+    assert model.sent_ratio("review") == plain.sent_ratio("code") == 1.0  # per key; or off
+    # a plan is priced by the ratio of the decision it makes (the policy's `sent_key`)
+    assert model.plan("code", 8, "", 16, costs, sent="code/copy/2")[0] == before
     for _ in range(3000):  # a stretch where nothing sent is taken still lets plans draft
         model.observe_sent("code", predicted=2.0, accepted=0)
     assert model.sent_ratio("code") == 2.0
