@@ -53,7 +53,7 @@ def agentspec_lengths(cands: Sequence[tuple[int, int, int] | None], alpha: float
 
 
 COPY_BINS = 64
-SENT_PRIOR = 20.0  # pseudo-tokens behind a role's sent ratio before its first drafts
+SENT_PRIOR = 20.0  # pseudo-tokens behind a sent ratio before its first drafts
 
 
 def copy_bin(length: int) -> int:

@@ -48,7 +48,7 @@ from agentspec.match import Corpus, Match, context_ids, frequent_drafts
 from agentspec.speculation import accepted_prefix
 from agentspec.structure import BlockTracker, StructureError, parse_structure
 
-WORTH_EVERY = 128
+WORTH_EVERY = 128  # drafts of a role between two reads of its curves by path_worth
 NO_MATCH = Match(length=0, tokens=[], candidates=0, agree=0, agreed=0, position=-1)
 
 
