@@ -64,9 +64,9 @@ from __future__ import annotations
 
 import bisect
 import os
+import threading
 from collections import Counter
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Sequence
 
 import numpy as np
@@ -873,11 +873,16 @@ def frequent_drafts(session: Corpus, outputs: Corpus | None, context, k: int,
 _NO_WORTH = np.zeros((0, 0, 0))  # (the kernel's "no table")
 
 
-@lru_cache(maxsize=8)
+_buffers = threading.local()
+
+
 def _frequent_buffers(k: int) -> tuple[np.ndarray, np.ndarray]:
     """Where the compiled search writes its drafts of at most k tokens (read out at once,
-    so one pair per k serves every call)."""
-    return np.empty(6 + 2 * k), np.empty(6 * k, dtype=np.int64)
+    so one pair per k and thread serves every call)."""
+    pairs = _buffers.__dict__
+    if k not in pairs:
+        pairs[k] = (np.empty(6 + 2 * k), np.empty(6 * k, dtype=np.int64))
+    return pairs[k]
 
 
 def _frequent_path(continuations: np.ndarray, unwritten: int,
