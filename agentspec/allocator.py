@@ -262,21 +262,25 @@ class AcceptanceModel:
         a match of length m; `source` is the draft's kind, or each token's row."""
         n = (self.max_k if isinstance(source, str) else len(source)) if n is None else n
         cells, kind_cells, at = self._cells(m, source, n)
-        t, h, kt, kh, pt, ph = (*self._tables(role), *self._pooled(role))
+        t, h, _, _ = self._tables(role)
         w = self.source_weight
-        kind = (kh[kind_cells] + w * ph[at] / pt[at]) / (kt[kind_cells] + w)
+        kind = self._kind_hazard(role, kind_cells, at)
         return np.cumprod((h[cells] + w * kind) / (t[cells] + w))
+
+    def _kind_hazard(self, role: str, kind_cells: np.ndarray, at: np.ndarray) -> np.ndarray:
+        """A kind's hazard at its cells (bins `at`): its counts shrunk toward the role's."""
+        _, _, kt, kh = self._tables(role)
+        pt, ph = self._pooled(role)
+        w = self.source_weight
+        return (kh[kind_cells] + w * ph[at] / pt[at]) / (kt[kind_cells] + w)
 
     def kind_hazards(self, role: str, kinds: np.ndarray, lengths: int) -> np.ndarray:
         """Per kind (its first row, as `kind` gives it) and copy length L < lengths: the
         hazard that a draft token of that kind continuing a copy of length L is accepted, by
         the kind's curve (every row of it pooled, as `accept_probs` shrinks a row toward)."""
         at = copy_bins(np.arange(lengths)) + _PAD
-        _, _, kt, kh = self._tables(role)
-        pt, ph = self._pooled(role)
         cells = (np.asarray(kinds) // MODIFIERS)[:, None] * _WIDTH + at
-        w = self.source_weight
-        return (kh[cells] + w * ph[at] / pt[at]) / (kt[cells] + w)
+        return self._kind_hazard(role, cells, at)
 
     def plan(self, role: str, m: int, kinds: Kinds, n: int, costs: np.ndarray,
              sent: str | None = None) -> tuple[int, float]:
