@@ -8,7 +8,10 @@ each is one compiled loop over the draft's positions. Compiled on first use, cac
 
 from __future__ import annotations
 
+import numpy as np
 from numba import njit
+
+_MIX = np.uint64(0x9E3779B97F4A7C15)  # (allocator.token_keys hashes pairs the same way)
 
 
 @njit(cache=True)
@@ -21,15 +24,42 @@ def _hazard(t, h, kt, kh, pt, ph, row, b, width, kind_shift, weight):
 
 
 @njit(cache=True)
+def _token_key(ids, j, which, bits):
+    """allocator.token_keys of draft token j (`ids` holds the token before the draft first):
+    which = 0 its id, 1 the id before it, 2 the pair."""
+    mask = (1 << bits) - 1
+    if which == 0:
+        return ids[j + 1] & mask
+    if which == 1:
+        return (ids[j] & mask) + (1 << bits)
+    pair = ((np.uint64(ids[j]) << np.uint64(20)) + np.uint64(ids[j + 1])) * _MIX
+    return np.int64(pair >> np.uint64(64 - bits)) + (2 << bits)
+
+
+@njit(cache=True)
+def _with_bias(hz, bias, ids, j, bits):
+    """The hazard with draft token j's logit offset (none when `ids` is empty)."""
+    if len(ids) == 0:
+        return hz
+    z = bias[_token_key(ids, j, 0, bits)] + bias[_token_key(ids, j, 1, bits)] \
+        + bias[_token_key(ids, j, 2, bits)]
+    if z == 0.0:
+        return hz
+    hz = min(max(hz, 1e-6), 1.0 - 1e-6)  # (allocator.with_bias clips the same)
+    return 1.0 / (1.0 + (1.0 - hz) / hz * np.exp(-z))
+
+
+@njit(cache=True)
 def best_length(t, h, kt, kh, pt, ph, rows, m, n, bin_of, width, pad, kind_shift, weight, costs,
-                rate):
+                rate, bias, ids, bits):
     """(n, gain) of AcceptanceModel.plan: the draft length whose expected accepted tokens most
     exceed rate * costs[n]. It stops reading the draft where no longer one can gain more."""
     p, total = 1.0, 0.0
     best_n, best = 0, -rate * costs[0]
     for j in range(min(n, len(costs) - 1)):
         b = bin_of[min(m + j, len(bin_of) - 1)] + pad
-        p *= _hazard(t, h, kt, kh, pt, ph, rows[j], b, width, kind_shift, weight)
+        p *= _with_bias(_hazard(t, h, kt, kh, pt, ph, rows[j], b, width, kind_shift, weight),
+                        bias, ids, j, bits)
         total += p
         gain = total - rate * costs[j + 1]
         if gain > best:
@@ -51,12 +81,14 @@ def _priced_out(costs, a, p):
 
 
 @njit(cache=True)
-def expected(t, h, kt, kh, pt, ph, rows, m, n, bin_of, width, pad, kind_shift, weight):
+def expected(t, h, kt, kh, pt, ph, rows, m, n, bin_of, width, pad, kind_shift, weight, bias, ids,
+             bits):
     """Expected accepted tokens of the first n draft tokens."""
     p, total = 1.0, 0.0
     for j in range(n):
-        p *= _hazard(t, h, kt, kh, pt, ph, rows[j], bin_of[min(m + j, len(bin_of) - 1)] + pad,
-                     width, kind_shift, weight)
+        p *= _with_bias(_hazard(t, h, kt, kh, pt, ph, rows[j],
+                                bin_of[min(m + j, len(bin_of) - 1)] + pad, width, kind_shift,
+                                weight), bias, ids, j, bits)
         total += p
     return total
 
@@ -77,10 +109,19 @@ def _halve(t, h, c, window):
 
 @njit(cache=True)
 def observe(t, h, kt, kh, pt, ph, rows, m, reached, matched, bin_of, width, pad, kind_shift,
-            spread, window):
-    """AcceptanceModel.observe of one draft: counts spread around each reached position's bin
-    (in the row's, the kind's and the pooled table), then bins past the window halved (each
-    once)."""
+            spread, window, weight, bias, ids, bits, bias_rate):
+    """AcceptanceModel.observe of one draft: each reached position's logit offsets take a step
+    toward its outcome (with the hazards before this draft), then counts spread around each
+    reached position's bin (in the row's, the kind's and the pooled table), then bins past
+    the window halved (each once)."""
+    if len(ids):
+        for j in range(reached):
+            b = bin_of[min(m + j, len(bin_of) - 1)] + pad
+            p = _with_bias(_hazard(t, h, kt, kh, pt, ph, rows[j], b, width, kind_shift, weight),
+                           bias, ids, j, bits)
+            step = bias_rate * ((1.0 if j < matched else 0.0) - p)
+            for which in range(3):
+                bias[_token_key(ids, j, which, bits)] += step
     for halve in range(2):
         for j in range(reached):
             b = bin_of[min(m + j, len(bin_of) - 1)] + pad

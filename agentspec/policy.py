@@ -37,8 +37,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from agentspec.allocator import (AGREED, SPLIT, TOKEN_CLASSES, AcceptanceModel, agentspec_lengths,
-                                 scored, token_classes)
+from agentspec.allocator import (AGREED, NO_IDS, SPLIT, TOKEN_CLASSES, AcceptanceModel,
+                                 agentspec_lengths, draft_ids, scored, token_classes)
 from agentspec.controller import Controller, KmaxTable
 from agentspec.costs import linear_costs
 from agentspec.drafter import FILE, OUTPUT, Request
@@ -126,8 +126,10 @@ class CostAware:
     and what kind of token it is (`token_classes`); every candidate scored against what the
     target wrote, not only the draft sent (`score_all`); draft tokens priced by how much of
     its predictions the drafts sent actually took (`calibrate_sent`: the winner's curse of
-    sending the best-looking one). No Kmax cap: the acceptance model conditions on match
-    length, which separates long copies from short matches better.
+    sending the best-looking one), and each draft token's hazard moved by what the tokens
+    themselves say (`token_bias`: learned offsets per token, per token before it and per
+    pair). No Kmax cap: the acceptance model conditions on match length, which separates
+    long copies from short matches better.
 
     On an engine that pads (`padded`), every row pays for the longest draft: each row
     keeps its best candidate, and one width is planned for the batch, the one whose
@@ -141,6 +143,7 @@ class CostAware:
     token_classes: bool = False
     score_all: bool = False
     calibrate_sent: bool = False
+    token_bias: bool = False
 
     def drafts(self, policy: Policy, batch: Sequence[Request], matches: list[Match],
                padded: bool = False):
@@ -153,7 +156,8 @@ class CostAware:
             draft, gain, run.sent, run.sent_key = [], -np.inf if padded else 0.0, None, r.role
             for c in run.candidates:
                 key = sent_key(r.role, c, run.candidates)
-                n, c_gain = policy.acceptance.plan(r.role, c.m, c.rows, len(c.rows), costs, key)
+                n, c_gain = policy.acceptance.plan(r.role, c.m, c.rows, len(c.rows), costs, key,
+                                                   c.ids)
                 if c_gain > gain:
                     draft, gain, run.sent, run.sent_key = c.tokens[:n], c_gain, c, key
             # the tokens it expects accepted: the gain plus what the draft was priced at
@@ -166,7 +170,8 @@ class CostAware:
             drafts = [run.sent.tokens[:width] if run.sent else [] for run in runs]
             for r, run, draft in zip(batch, runs, drafts):
                 run.expected = policy.acceptance.expected(r.role, run.sent.m, run.sent.rows,
-                                                          len(draft)) if draft else 0.0
+                                                          len(draft), run.sent.ids) \
+                    if draft else 0.0
         widest = max(map(len, drafts), default=0) if padded else 0
         for r, draft in zip(batch, drafts):  # padded, every row pays for the widest
             policy.running[r.id].cost = float(costs[widest if padded else len(draft)])
@@ -175,11 +180,11 @@ class CostAware:
     def _candidates(self, policy: Policy, r: Request, m: Match, source: str) -> list[Candidate]:
         """The best copy, and with `frequency` the most frequent continuation."""
         max_k = policy.config.max_k
+        before = r.tokens[-1] if r.tokens else 0
         found = []
         if m.length:
-            tokens = m.tokens[:max_k]
-            found.append(Candidate(tokens, m.length,
-                                   policy.rows(policy.acceptance.kind(source), tokens)))
+            found.append(self._candidate(policy, m.tokens[:max_k], m.length,
+                                         policy.acceptance.kind(source), before))
         if self.frequency and policy.config.session:
             # as SuffixDecoding: all outputs (G's and the one being written) or the session's
             # text, whichever draft scores higher (with `learned_paths`, the one the served
@@ -191,12 +196,19 @@ class CostAware:
             if self.session_text and local.score > frequent.score:
                 kinds, d = policy.session_frequency_kinds, local
             if d.tokens:
-                found.append(Candidate(d.tokens, d.match_len,
-                                       policy.rows(kinds.take(d.classes), d.tokens),
-                                       frequency=True))
+                found.append(self._candidate(policy, d.tokens, d.match_len,
+                                             kinds.take(d.classes), before, frequency=True))
             if len(found) == 2 and self.agreement:
                 mark_agreement(*found)
         return found
+
+    def _candidate(self, policy: Policy, tokens: list[int], m: int, kinds: int | np.ndarray,
+                   before: int, frequency: bool = False) -> Candidate:
+        """A candidate of these tokens after a context of m matched tokens, whose rows are of
+        `kinds` (one kind, or each token's); `before`: the token the draft follows."""
+        ids = draft_ids(before, tokens) if self.token_bias else NO_IDS
+        return Candidate(tokens, m, policy.rows(kinds, ids[1:] if self.token_bias else tokens),
+                         ids, frequency)
 
     def observe(self, policy: Policy, request: Request, drafted: int, accepted: int) -> None:
         # candidates are scored against what the target wrote: all of them, drafted or not
@@ -206,7 +218,8 @@ class CostAware:
         scores = run.candidates if self.score_all else \
             [replace(run.sent, tokens=run.sent.tokens[:drafted + 1])] if run.sent else []
         for c in scores:
-            policy.acceptance.observe(request.role, c.m, *scored(c.tokens, revealed), c.rows)
+            policy.acceptance.observe(request.role, c.m, *scored(c.tokens, revealed), c.rows,
+                                      c.ids)
         policy.acceptance.charge(run.cost, accepted)
         if drafted:
             policy.acceptance.observe_sent(run.sent_key, run.expected, accepted)
@@ -219,7 +232,7 @@ def common_width(policy: Policy, batch: Sequence[Request], costs: np.ndarray) ->
     expected = []  # per row: expected accepted tokens of its first n draft tokens, n = 0..
     for r in batch:
         sent = policy.running[r.id].sent
-        p = policy.acceptance.accept_probs(r.role, sent.m, sent.rows) \
+        p = policy.acceptance.accept_probs(r.role, sent.m, sent.rows, ids=sent.ids) \
             if sent and sent.m > 0 else []
         expected.append(np.concatenate(([0.0], np.cumsum(p))))
     widths = np.arange(min(max(map(len, expected)), len(costs)))
@@ -342,11 +355,13 @@ class _Running:
 @dataclass
 class Candidate:
     """A draft the policy may send: its tokens, the matched context behind its first token,
-    and each token's row in the acceptance model (kind and modifiers)."""
+    each token's row in the acceptance model (kind and modifiers), and what its tokens'
+    offsets are read with (allocator.draft_ids; NO_IDS: none)."""
 
     tokens: list[int]
     m: int
     rows: np.ndarray
+    ids: np.ndarray
     frequency: bool = False  # a frequency path, not a copy
 
 
@@ -641,7 +656,7 @@ def ladder(lam: float = 0.2) -> dict[str, PolicyConfig]:
     emission = replace(workspace, name="emission", emission=True)
     glob = replace(emission, name="global", global_=True)
     cost = CostAware(frequency=True, session_text=True, learned_paths=True, agreement=True,
-                     token_classes=True, score_all=True, calibrate_sent=True)
+                     token_classes=True, score_all=True, calibrate_sent=True, token_bias=True)
     full = replace(glob, name="full", listings=True, isolate=True, follow=True,
                    choose=MostExpected(), length=cost, lam=lam)
     return {
@@ -672,4 +687,6 @@ def ladder(lam: float = 0.2) -> dict[str, PolicyConfig]:
                                   length=replace(cost, score_all=False)),
         "full-no-sent-calibration": replace(full, name="full-no-sent-calibration",
                                             length=replace(cost, calibrate_sent=False)),
+        "full-no-token-bias": replace(full, name="full-no-token-bias",
+                                      length=replace(cost, token_bias=False)),
     }

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from agentspec import allocator
-from agentspec.allocator import AGREED, MODIFIERS, SPLIT, TOKEN_CLASSES, AcceptanceModel, token_classes
+from agentspec.allocator import (AGREED, BIAS_BITS, MODIFIERS, NO_IDS, SPLIT, TOKEN_CLASSES,
+                                 AcceptanceModel, draft_ids, token_classes, token_keys)
 from agentspec.costs import linear_costs
 from agentspec.drafter import PROMPT, Request
 from agentspec.frequency import FREQUENCY_CLASSES, frequency_classes
@@ -57,13 +58,13 @@ def test_token_classes():
 
 
 def test_agreement_marks_the_shared_path_and_where_the_two_part():
-    a = Candidate([1, 2, 3, 4], 3, np.zeros(4, dtype=np.intp))
-    b = Candidate([1, 2, 9], 2, np.zeros(3, dtype=np.intp))
+    a = Candidate([1, 2, 3, 4], 3, np.zeros(4, dtype=np.intp), NO_IDS)
+    b = Candidate([1, 2, 9], 2, np.zeros(3, dtype=np.intp), NO_IDS)
     mark_agreement(a, b)
     assert (a.rows // TOKEN_CLASSES).tolist() == [AGREED, AGREED, SPLIT, 0]
     assert (b.rows // TOKEN_CLASSES).tolist() == [AGREED, AGREED, SPLIT]
-    c = Candidate([1, 2], 3, np.zeros(2, dtype=np.intp))  # a prefix of the other: no split
-    d = Candidate([1, 2, 5], 3, np.zeros(3, dtype=np.intp))
+    c = Candidate([1, 2], 3, np.zeros(2, dtype=np.intp), NO_IDS)  # a prefix of the other: no split
+    d = Candidate([1, 2, 5], 3, np.zeros(3, dtype=np.intp), NO_IDS)
     mark_agreement(c, d)
     assert (d.rows // TOKEN_CLASSES).tolist() == [AGREED, AGREED, 0]
 
@@ -96,6 +97,32 @@ def test_a_row_never_seen_starts_from_its_kind_not_from_the_role(monkeypatch, ke
     assert model.accept_probs("code", 4, np.full(4, s))[0] > 0.8
 
 
+@pytest.mark.parametrize("kernels", [None, _accept_nb])
+def test_token_offsets_learn_what_the_rows_cannot_tell_apart(monkeypatch, kernels):
+    # one row, two words: the served model always writes "7" after "6" and never "9": the
+    # offsets of those tokens (and pairs) part what the row's hazard pools
+    monkeypatch.setattr(allocator, "_nb", kernels)
+    model = AcceptanceModel(max_k=8)
+    row = np.full(2, model.kind("F1"))
+    taken, refused = draft_ids(6, [7, 8]), draft_ids(6, [9, 8])
+    for _ in range(200):
+        model.observe("code", 3, known=2, matched=2, source=row, ids=taken)
+        model.observe("code", 3, known=2, matched=0, source=row, ids=refused)
+    pooled = model.accept_probs("code", 3, row)[0]
+    assert 0.3 < pooled < 0.7  # the row alone: a coin
+    assert model.accept_probs("code", 3, row, ids=taken)[0] > 0.9
+    assert model.accept_probs("code", 3, row, ids=refused)[0] < 0.1
+    assert model.plan("code", 3, row, 2, linear_costs(0.2, 8), ids=refused)[0] == 0
+    assert model.plan("code", 3, row, 2, linear_costs(0.2, 8), ids=taken)[0] == 2
+
+
+def test_token_keys_put_each_offset_in_its_own_table():
+    keys = token_keys(draft_ids(5, [7, 7]))
+    size = 1 << BIAS_BITS
+    assert keys[0].tolist() == [7, 7] and keys[1].tolist() == [size + 5, size + 7]
+    assert all(2 * size <= k < 3 * size for k in keys[2]) and keys[2][0] != keys[2][1]
+
+
 # --- the numba kernels give the numpy path's answers ------------------------------------------
 @pytest.mark.skipif(_accept_nb is None, reason="numba not installed")
 @pytest.mark.parametrize("costs", [
@@ -116,13 +143,17 @@ def test_kernels_equal_the_numpy_reference(monkeypatch, costs):
             n = int(rng.integers(1, 40))
             rows = kind + rng.integers(0, MODIFIERS, n)
             m = int(rng.integers(1, 300))
-            answers.append((model.plan("code", m, rows, n, costs),
-                            model.expected("code", m, rows, n)))
+            # every other draft with its tokens (few ids: their offsets are shared and move)
+            ids = draft_ids(int(rng.integers(0, 6)), rng.integers(0, 6, n)) if step % 2 \
+                else NO_IDS
+            answers.append((model.plan("code", m, rows, n, costs, ids=ids),
+                            model.expected("code", m, rows, n, ids)))
             known = int(rng.integers(0, n + 1))
-            model.observe("code", m, known, int(rng.integers(0, known + 1)), rows)
+            model.observe("code", m, known, int(rng.integers(0, known + 1)), rows, ids)
         models.append((model, answers))
     (a, answers_a), (b, answers_b) = models
     assert answers_a == answers_b
+    assert np.array_equal(a.bias, b.bias) and a.bias.any()
     assert np.array_equal(a.by_row["code"][0], b.by_row["code"][0])
     assert np.array_equal(a.by_kind["code"][1], b.by_kind["code"][1])
     assert np.array_equal(a.pool["code"][1], b.pool["code"][1])
