@@ -102,15 +102,12 @@ def spread(counts: np.ndarray) -> np.ndarray:
 
 
 # Beside its kind (where a draft comes from) and copy length, what is known of each draft
-# token: whether another candidate drafts the same path there (alone, agreed, or the closest
-# one drafts another token: an agreement state), and what kind of token it is (mid-word, new
-# word, newline, punctuation). Every combination has its own curve: a draft token's row is
-# kind * MODIFIERS + state * TOKEN_CLASSES + token class. A kind spans a power of two of
-# rows (12 used of 16), so the kernels find a row's kind by a shift, not a division: the
-# hazard of every draft token reads it.
-ALONE, AGREED, SPLIT = 0, 1, 2
+# token's row: what kind of token it is (mid-word, new word, newline, punctuation). A draft
+# token's row is kind * MODIFIERS + token class; a kind spans a power of two of rows, so the
+# kernels find a row's kind by a shift, not a division: the hazard of every draft token
+# reads it.
 TOKEN_CLASSES = 4
-KIND_SHIFT = 4
+KIND_SHIFT = 2
 MODIFIERS = 1 << KIND_SHIFT
 
 Kinds = Union[str, np.ndarray]  # one kind for a whole draft, or each token's row
@@ -177,12 +174,12 @@ class AcceptanceModel:
     Each count is spread over its neighbouring bins (`spread`), and counts are pooled in
     three levels: a role's curve over all rows starts from the Kmax profile's prior
     (replayed traces, often another model's outputs) and learns from every draft; a draft
-    kind's curve (all of its rows: every agreement state and token class) is shrunk toward
-    it, and a row's own counts toward its kind's, each with `source_weight` pseudo-trials.
-    So a row seen rarely starts from what its kind does (a kind pools a dozen rows, so it
-    learns a dozen times faster: past outputs of another model, say, that the served model
-    never takes), a rare kind from what the model does elsewhere, not from the traces'
-    prior, and a well-observed row stands on its own counts."""
+    kind's curve (all of its rows: every token class) is shrunk toward it, and a row's own
+    counts toward its kind's, each with `source_weight` pseudo-trials. So a row seen rarely
+    starts from what its kind does (a kind pools several rows, so it learns that many times
+    faster: past outputs of another model, say, that the served model never takes), a rare
+    kind from what the model does elsewhere, not from the traces' prior, and a
+    well-observed row stands on its own counts."""
 
     def __init__(self, max_k: int = 64,
                  prior: dict[str, tuple[Sequence[float], Sequence[float]]] | None = None,

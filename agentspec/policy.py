@@ -21,11 +21,11 @@ mechanisms on and names two small strategy objects, composed per rung by `ladder
   continuation of the last few tokens over all outputs or over this session's own text
   (each source's path, and the source, the one the acceptance model expects more accepted
   tokens of; read from G and S, whose index then starts at one-token contexts:
-  `agentspec.frequency`, `match.frequent_drafts`); each step
-  drafts whichever of the two gains more under the cost model. Each draft token's curve
-  knows whether the other candidate agrees there and what kind of token it is, and both
-  candidates are scored against what the target wrote, drafted or not, so the choice is
-  learned from the served model.
+  `agentspec.frequency`, `match.frequent_drafts`; G then feeds this draft alone); each
+  step drafts whichever of the two gains more under the cost model. Each draft token's
+  curve knows what kind of token it is, and its words move it (learned offsets per token,
+  per token before it and per pair), and both candidates are scored against what the
+  target wrote, drafted or not, so the choice is learned from the served model.
 Sessions never see each other's S, W or block history.
 """
 
@@ -37,15 +37,14 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from agentspec.allocator import (AGREED, NO_IDS, SPLIT, TOKEN_CLASSES, AcceptanceModel,
-                                 agentspec_lengths, draft_ids, scored, token_classes)
+from agentspec.allocator import (NO_IDS, AcceptanceModel, agentspec_lengths, draft_ids, scored,
+                                 token_classes)
 from agentspec.controller import Controller, KmaxTable
 from agentspec.costs import linear_costs
 from agentspec.drafter import FILE, OUTPUT, Request
 from agentspec.frequency import FREQUENCY_CLASSES
 from agentspec.learned_costs import LearnedCosts
 from agentspec.match import Corpus, Match, context_ids, frequent_drafts
-from agentspec.speculation import accepted_prefix
 from agentspec.structure import BlockTracker, StructureError, parse_structure
 
 WORTH_EVERY = 128  # drafts of a role between two reads of its curves by path_worth
@@ -119,13 +118,13 @@ class Algorithm2:
 class CostAware:
     """Ours: per request, the candidate and length that gain most, expected accepted tokens
     (the policy's `AcceptanceModel`) against what drafting them costs at this batch size.
-    Its switches: a frequency-weighted candidate over outputs beside the copy (`frequency`),
-    and over the session's own text too (`session_text`), each the path the acceptance
-    model expects the most of (`learned_paths`; else SuffixDecoding's pick);
-    each draft token's curve knowing whether the other candidate agrees there (`agreement`)
-    and what kind of token it is (`token_classes`); every candidate scored against what the
-    target wrote, not only the draft sent (`score_all`); draft tokens priced by how much of
-    its predictions the drafts sent actually took (`calibrate_sent`: the winner's curse of
+    Its switches: a frequency-weighted candidate over outputs beside the copy (`frequency`;
+    G then feeds it alone, see Policy), and over the session's own text too
+    (`session_text`), each the path the acceptance model expects the most of
+    (`learned_paths`; else SuffixDecoding's pick); each draft token's curve knowing what
+    kind of token it is (`token_classes`); every candidate scored against what the target
+    wrote, not only the draft sent (`score_all`); draft tokens priced by how much of its
+    predictions the drafts sent actually took (`calibrate_sent`: the winner's curse of
     sending the best-looking one), and each draft token's hazard moved by what the tokens
     themselves say (`token_bias`: learned offsets per token, per token before it and per
     pair). No Kmax cap: the acceptance model conditions on match length, which separates
@@ -139,7 +138,6 @@ class CostAware:
     frequency: bool = False
     session_text: bool = False
     learned_paths: bool = False
-    agreement: bool = False
     token_classes: bool = False
     score_all: bool = False
     calibrate_sent: bool = False
@@ -198,8 +196,6 @@ class CostAware:
             if d.tokens:
                 found.append(self._candidate(policy, d.tokens, d.match_len,
                                              kinds.take(d.classes), before, frequency=True))
-            if len(found) == 2 and self.agreement:
-                mark_agreement(*found)
         return found
 
     def _candidate(self, policy: Policy, tokens: list[int], m: int, kinds: int | np.ndarray,
@@ -373,17 +369,6 @@ def sent_key(role: str, c: Candidate, candidates: list[Candidate]) -> str:
     return f"{role}/{'frequency' if c.frequency else 'copy'}/{len(candidates)}"
 
 
-def mark_agreement(a: Candidate, b: Candidate) -> None:
-    """Mark each candidate's tokens by what the other drafts at their position: the same
-    path (agreed), another token where the two part (split), or nothing (alone). Two kinds
-    of evidence agreeing are likelier right than either alone."""
-    common = accepted_prefix(a.tokens, b.tokens)
-    for c in (a, b):
-        c.rows[:common] += AGREED * TOKEN_CLASSES
-        if common < min(len(a.tokens), len(b.tokens)):
-            c.rows[common] += SPLIT * TOKEN_CLASSES
-
-
 # a line of a numbered listing: SWE-agent's viewer and grep -n ("12:text"), cat -n and nl
 # ("    12\ttext")
 _NUMBERED = re.compile(r"^ *(\d+)(?::|\t)(.*)$")
@@ -450,6 +435,10 @@ class Policy:
         self.warnings: list[str] = []
         # frequency drafts read contexts down to one token; copies start at two
         self._min_context = 1 if cost.frequency else None
+        # G's own copies repeat what the frequency draft over all outputs reads there (the
+        # same outputs, each continuation weighed by how often it followed): with that draft,
+        # G feeds it alone, and a step makes one lookup less
+        self._copies_from_g = not cost.frequency
         self.g = self._corpus(config.g_max_tokens) if config.global_ else None
         for tokens in global_seed if self.g is not None else ():
             self.g.extend(tokens)
@@ -560,7 +549,8 @@ class Policy:
                 return found
         if cfg.session and len(st.s):
             found.append(("S", self._written(st.s, ctx, k)))
-        for source, corpus in (("W", st.w if cfg.workspace else None), ("G", self.g)):
+        for source, corpus in (("W", st.w if cfg.workspace else None),
+                               ("G", self.g if self._copies_from_g else None)):
             if corpus is not None and len(corpus):
                 found.append((source, corpus.match(ctx, k)))
         return [(src, m) for src, m in found if m.length]
@@ -655,8 +645,8 @@ def ladder(lam: float = 0.2) -> dict[str, PolicyConfig]:
     workspace = replace(session, name="workspace", workspace=True)
     emission = replace(workspace, name="emission", emission=True)
     glob = replace(emission, name="global", global_=True)
-    cost = CostAware(frequency=True, session_text=True, learned_paths=True, agreement=True,
-                     token_classes=True, score_all=True, calibrate_sent=True, token_bias=True)
+    cost = CostAware(frequency=True, session_text=True, learned_paths=True, token_classes=True,
+                     score_all=True, calibrate_sent=True, token_bias=True)
     full = replace(glob, name="full", listings=True, isolate=True, follow=True,
                    choose=MostExpected(), length=cost, lam=lam)
     return {
@@ -679,8 +669,6 @@ def ladder(lam: float = 0.2) -> dict[str, PolicyConfig]:
                                         length=replace(cost, session_text=False)),
         "full-no-learned-paths": replace(full, name="full-no-learned-paths",
                                          length=replace(cost, learned_paths=False)),
-        "full-no-agreement": replace(full, name="full-no-agreement",
-                                     length=replace(cost, agreement=False)),
         "full-no-classes": replace(full, name="full-no-classes",
                                    length=replace(cost, token_classes=False)),
         "full-sent-only": replace(full, name="full-sent-only",

@@ -13,13 +13,12 @@ import numpy as np
 import pytest
 
 from agentspec import allocator
-from agentspec.allocator import (AGREED, BIAS_BITS, MODIFIERS, NO_IDS, SPLIT, TOKEN_CLASSES,
-                                 AcceptanceModel, draft_ids, token_classes, token_keys)
+from agentspec.allocator import (BIAS_BITS, MODIFIERS, NO_IDS, TOKEN_CLASSES, AcceptanceModel,
+                                 draft_ids, token_classes, token_keys)
 from agentspec.costs import linear_costs
 from agentspec.drafter import PROMPT, Request
 from agentspec.frequency import FREQUENCY_CLASSES, frequency_classes
-from agentspec.policy import (Candidate, CostAware, Fixed, MostExpected, Policy, PolicyConfig,
-                              ladder, mark_agreement)
+from agentspec.policy import CostAware, Fixed, MostExpected, Policy, PolicyConfig, ladder
 
 try:  # the numba kernels, tested even where AGENTSPEC_NO_NUMBA=1 turned them off
     from agentspec import _accept_nb
@@ -57,27 +56,15 @@ def test_token_classes():
     assert classes == [0, 1, 2, 2, 3, 0, 0]
 
 
-def test_agreement_marks_the_shared_path_and_where_the_two_part():
-    a = Candidate([1, 2, 3, 4], 3, np.zeros(4, dtype=np.intp), NO_IDS)
-    b = Candidate([1, 2, 9], 2, np.zeros(3, dtype=np.intp), NO_IDS)
-    mark_agreement(a, b)
-    assert (a.rows // TOKEN_CLASSES).tolist() == [AGREED, AGREED, SPLIT, 0]
-    assert (b.rows // TOKEN_CLASSES).tolist() == [AGREED, AGREED, SPLIT]
-    c = Candidate([1, 2], 3, np.zeros(2, dtype=np.intp), NO_IDS)  # a prefix of the other: no split
-    d = Candidate([1, 2, 5], 3, np.zeros(3, dtype=np.intp), NO_IDS)
-    mark_agreement(c, d)
-    assert (d.rows // TOKEN_CLASSES).tolist() == [AGREED, AGREED, 0]
-
-
 def test_each_row_learns_apart_from_the_others():
     model = AcceptanceModel(max_k=8)
     base = model.kind("F1")
-    alone, agreed = np.full(4, base), np.full(4, base + AGREED * TOKEN_CLASSES)
+    mid_word, new_word = np.full(4, base), np.full(4, base + 1)
     for _ in range(300):
-        model.observe("code", 3, known=4, matched=0, source=alone)
-        model.observe("code", 3, known=4, matched=4, source=agreed)
-    assert model.accept_probs("code", 3, alone)[0] < 0.2
-    assert model.accept_probs("code", 3, agreed)[0] > 0.8
+        model.observe("code", 3, known=4, matched=0, source=mid_word)
+        model.observe("code", 3, known=4, matched=4, source=new_word)
+    assert model.accept_probs("code", 3, mid_word)[0] < 0.2
+    assert model.accept_probs("code", 3, new_word)[0] > 0.8
     assert model.kind("S1") == MODIFIERS  # kinds take MODIFIERS rows each
 
 
@@ -189,13 +176,22 @@ def test_full_drafts_what_past_outputs_say_when_nothing_can_be_copied():
     r = request("r", "A", [1, 2, 3, 5, 6, 7])  # and S has no earlier 6 7
     p.start(r)
     draft = p.propose([r])[0]
-    frequent = p.running["r"].candidates[-1]  # beside G's copy; no further than it matched
-    assert frequent.tokens == [8, 9, 10] and draft == [8, 9, 10, 11, 12][:len(draft)]
+    # G feeds the frequency draft alone (no copy of it beside), no further than it matched
+    [frequent] = p.running["r"].candidates
+    assert frequent.frequency and frequent.tokens == [8, 9, 10]
+    assert draft == [8, 9, 10][:len(draft)]
     assert p.global_seed_outputs == 3
     r.tokens += draft + [99]
     p.observe(r, len(draft), len(draft))
-    # both candidates of the step were scored against what the target wrote
+    # the candidate was scored against what the target wrote
     assert p.acceptance.by_row["code"][0].sum() > 0
+    # without the frequency draft, G is copied from as the other corpora are
+    p = Policy(ladder()["full-no-frequency"], global_seed=seed)
+    r = request("r", "A", [1, 2, 3, 5, 6, 7])
+    p.start(r)
+    p.propose([r])
+    [copy] = p.running["r"].candidates
+    assert p.running["r"].source.startswith("G") and copy.tokens[:5] == [8, 9, 10, 11, 12]
 
 
 def test_a_frequency_source_the_model_never_follows_stops_drafting():
