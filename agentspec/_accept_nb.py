@@ -37,7 +37,7 @@ def _token_key(ids, j, which, bits):
 
 
 @njit(cache=True)
-def _with_bias(hz, bias, ids, j, bits):
+def _with_offset(hz, bias, ids, j, bits):
     """The hazard with draft token j's logit offset (none when `ids` is empty)."""
     if len(ids) == 0:
         return hz
@@ -45,7 +45,7 @@ def _with_bias(hz, bias, ids, j, bits):
         + bias[_token_key(ids, j, 2, bits)]
     if z == 0.0:
         return hz
-    hz = min(max(hz, 1e-6), 1.0 - 1e-6)  # (allocator.with_bias clips the same)
+    hz = min(max(hz, 1e-6), 1.0 - 1e-6)  # (allocator.with_offset clips the same)
     return 1.0 / (1.0 + (1.0 - hz) / hz * np.exp(-z))
 
 
@@ -58,8 +58,8 @@ def best_length(t, h, kt, kh, pt, ph, rows, m, n, bin_of, width, pad, kind_shift
     best_n, best = 0, -rate * costs[0]
     for j in range(min(n, len(costs) - 1)):
         b = bin_of[min(m + j, len(bin_of) - 1)] + pad
-        p *= _with_bias(_hazard(t, h, kt, kh, pt, ph, rows[j], b, width, kind_shift, weight),
-                        bias, ids, j, bits)
+        hz = _hazard(t, h, kt, kh, pt, ph, rows[j], b, width, kind_shift, weight)
+        p *= _with_offset(hz, bias, ids, j, bits)
         total += p
         gain = total - rate * costs[j + 1]
         if gain > best:
@@ -86,9 +86,9 @@ def expected(t, h, kt, kh, pt, ph, rows, m, n, bin_of, width, pad, kind_shift, w
     """Expected accepted tokens of the first n draft tokens."""
     p, total = 1.0, 0.0
     for j in range(n):
-        p *= _with_bias(_hazard(t, h, kt, kh, pt, ph, rows[j],
-                                bin_of[min(m + j, len(bin_of) - 1)] + pad, width, kind_shift,
-                                weight), bias, ids, j, bits)
+        b = bin_of[min(m + j, len(bin_of) - 1)] + pad
+        hz = _hazard(t, h, kt, kh, pt, ph, rows[j], b, width, kind_shift, weight)
+        p *= _with_offset(hz, bias, ids, j, bits)
         total += p
     return total
 
@@ -117,8 +117,8 @@ def observe(t, h, kt, kh, pt, ph, rows, m, reached, matched, bin_of, width, pad,
     if len(ids):
         for j in range(reached):
             b = bin_of[min(m + j, len(bin_of) - 1)] + pad
-            p = _with_bias(_hazard(t, h, kt, kh, pt, ph, rows[j], b, width, kind_shift, weight),
-                           bias, ids, j, bits)
+            hz = _hazard(t, h, kt, kh, pt, ph, rows[j], b, width, kind_shift, weight)
+            p = _with_offset(hz, bias, ids, j, bits)
             step = bias_rate * ((1.0 if j < matched else 0.0) - p)
             for which in range(3):
                 bias[_token_key(ids, j, which, bits)] += step
