@@ -41,13 +41,14 @@ from agentspec.allocator import (NO_IDS, AcceptanceModel, agentspec_lengths, dra
                                  token_classes)
 from agentspec.controller import Controller, KmaxTable
 from agentspec.costs import linear_costs
-from agentspec.drafter import FILE, OUTPUT, Request
+from agentspec.drafter import FILE, OUTPUT, PROMPT, Request
 from agentspec.frequency import FREQUENCY_CLASSES
 from agentspec.learned_costs import LearnedCosts
 from agentspec.match import Corpus, Match, context_ids, frequent_drafts
 from agentspec.structure import BlockTracker, StructureError, parse_structure
 
 WORTH_EVERY = 128  # drafts of a role between two reads of its curves by path_worth
+_kernels_ready = False  # see warm_up
 NO_MATCH = Match(length=0, tokens=[], candidates=0, agree=0, agreed=0, position=-1)
 
 
@@ -451,6 +452,7 @@ class Policy:
         self.frequency_kinds, self.session_frequency_kinds = (
             np.array([self.acceptance.kind(source + k) for k in FREQUENCY_CLASSES])
             for source in ("", "S")) if cost.frequency else (None, None)
+        warm_up(token_bytes)
 
     def _corpus(self, max_tokens: int) -> Corpus:
         """A corpus the frequency candidate may read as well as copies."""
@@ -637,6 +639,34 @@ class Policy:
 
     def drop_session(self, session: str) -> None:
         self.sessions.pop(session, None)
+
+
+def warm_up(token_bytes: list[bytes] | None = None) -> None:
+    """Run a throwaway `full` policy over a few synthetic steps, once per process, so that
+    the numba kernels compile (seconds on a fresh install) or load from their disk cache
+    while an engine or bench builds its drafter: not in a served request's first steps, and
+    not in the steps a bench times."""
+    global _kernels_ready
+    if _kernels_ready:
+        return
+    _kernels_ready = True
+    policy = Policy(ladder()["full"], token_bytes=token_bytes)
+    vocab = len(token_bytes) if token_bytes else 1000
+    text = np.random.default_rng(0).integers(0, vocab, 200).tolist() * 3  # repeats: copies
+    policy.register("warm-up", PROMPT, text)
+    rows = [Request(f"warm-up#{i}", "warm-up", text[:20 + i], 20 + i, role="code")
+            for i in range(2)]
+    for r in rows:
+        policy.start(r)
+    for step in range(24):  # row by row, then as an engine that pads verifies them
+        drafts = policy.propose(rows, padded=step >= 12)
+        for r, draft in zip(rows, drafts):
+            target = text[len(r.tokens) : len(r.tokens) + len(draft) + 1]
+            accepted = scored(draft, target)[1]
+            r.tokens.extend(target[: accepted + 1])
+            policy.observe(r, len(draft), accepted)
+    for r in rows:
+        policy.finish(r)
 
 
 def ladder(lam: float = 0.2) -> dict[str, PolicyConfig]:

@@ -1,6 +1,8 @@
 import json
 import math
 import re
+import subprocess
+import sys
 from dataclasses import replace
 
 import numpy as np
@@ -497,3 +499,19 @@ def test_a_padded_batch_drafts_one_width_and_charges_every_row_for_it():
     assert padded[1] == [9, 10, 11][:width]
     # every row is charged the price of the width it is verified at
     assert [p.running[r.id].cost for r in rows] == [p.costs_at(2)[width]] * 2
+
+
+def test_building_a_policy_compiles_the_kernels_its_steps_call():
+    # in a fresh process: a bench times steps, and a server answers requests, right after
+    # building its drafter; no kernel may be left to compile in them
+    code = ("from agentspec.policy import Policy, ladder\n"
+            "from agentspec import _accept_nb, _match_nb\n"
+            "kernels = [_match_nb.lookup, _match_nb.frequent, _match_nb.index_tail,\n"
+            "           _accept_nb.best_length, _accept_nb.expected, _accept_nb.observe]\n"
+            "assert not any(k.signatures for k in kernels)\n"
+            "Policy(ladder()['full'])\n"
+            "print([k.__name__ for k in kernels if not k.signatures])\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]"
