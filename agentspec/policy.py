@@ -22,7 +22,8 @@ mechanisms on and names two small strategy objects, composed per rung by `ladder
   (each source's path, and the source, the one the acceptance model expects more accepted
   tokens of; read from G and S, whose index then starts at one-token contexts:
   `agentspec.frequency`, `match.frequent_drafts`; G then feeds this draft alone); each
-  step drafts whichever of the two gains more under the cost model. Each draft token's
+  step drafts whichever of the two gains more under the cost model (a frequency path sent
+  to its end, with the path after it where that gains more). Each draft token's
   curve knows what kind of token it is, and its words move it (learned offsets per token,
   per token before it and per pair), and both candidates are scored against what the
   target wrote, drafted or not, so the choice is learned from the served model.
@@ -42,12 +43,13 @@ from agentspec.allocator import (NO_IDS, AcceptanceModel, agentspec_lengths, dra
 from agentspec.controller import Controller, KmaxTable
 from agentspec.costs import linear_costs
 from agentspec.drafter import FILE, OUTPUT, PROMPT, Request
-from agentspec.frequency import FREQUENCY_CLASSES
+from agentspec.frequency import FREQUENCY_CLASSES, FrequencyDraft
 from agentspec.learned_costs import LearnedCosts
 from agentspec.match import Corpus, Match, context_ids, frequent_drafts
 from agentspec.structure import BlockTracker, StructureError, parse_structure
 
 WORTH_EVERY = 128  # drafts of a role between two reads of its curves by path_worth
+EXTENSIONS = 2  # how many times a frequency path drafted to its end may be continued
 _kernels_ready = False  # see warm_up
 NO_MATCH = Match(length=0, tokens=[], candidates=0, agree=0, agreed=0, position=-1)
 
@@ -128,8 +130,10 @@ class CostAware:
     predictions the drafts sent actually took (`calibrate_sent`: the winner's curse of
     sending the best-looking one), and each draft token's hazard moved by what the tokens
     themselves say (`token_bias`: learned offsets per token, per token before it and per
-    pair). No Kmax cap: the acceptance model conditions on match length, which separates
-    long copies from short matches better.
+    pair); the frequency path sent, where it pays to its end, continued by the path after
+    it (`extend`: up to EXTENSIONS times, each with curves and a sent ratio of its own). No
+    Kmax cap: the acceptance model conditions on match length, which separates long copies
+    from short matches better.
 
     On an engine that pads (`padded`), every row pays for the longest draft: each row
     keeps its best candidate, and one width is planned for the batch, the one whose
@@ -143,6 +147,7 @@ class CostAware:
     score_all: bool = False
     calibrate_sent: bool = False
     token_bias: bool = False
+    extend: bool = False
 
     def drafts(self, policy: Policy, batch: Sequence[Request], matches: list[Match],
                padded: bool = False):
@@ -159,6 +164,23 @@ class CostAware:
                                                    c.ids)
                 if c_gain > gain:
                     draft, gain, run.sent, run.sent_key = c.tokens[:n], c_gain, c, key
+            for depth in range(EXTENSIONS if self.extend else 0):
+                # the frequency path sent pays to its end: the path after it too, if that
+                # gains more (scored in its place either way)
+                c = run.sent
+                if c is None or not c.frequency or len(draft) != len(c.tokens) \
+                        or len(draft) >= policy.config.max_k:
+                    break
+                longer = self._extended(policy, r, c, depth)
+                if longer is None:
+                    break
+                run.candidates = [longer if x is c else x for x in run.candidates]
+                key = run.sent_key + "+"
+                n, c_gain = policy.acceptance.plan(r.role, longer.m, longer.rows,
+                                                   len(longer.rows), costs, key, longer.ids)
+                if c_gain <= gain:
+                    break
+                draft, gain, run.sent, run.sent_key = longer.tokens[:n], c_gain, longer, key
             # the tokens it expects accepted: the gain plus what the draft was priced at
             run.expected = gain + policy.acceptance.planning_rate(run.sent_key) \
                 * costs[len(draft)] if draft else 0.0
@@ -185,19 +207,43 @@ class CostAware:
             found.append(self._candidate(policy, m.tokens[:max_k], m.length,
                                          policy.acceptance.kind(source), before))
         if self.frequency and policy.config.session:
-            # as SuffixDecoding: all outputs (G's and the one being written) or the session's
-            # text, whichever draft scores higher (with `learned_paths`, the one the served
-            # model is expected to take more of; a tie to all outputs)
-            local, frequent = frequent_drafts(
-                policy.sessions[r.session].s, policy.g, policy.running[r.id].context, max_k,
-                worth=policy.path_worth(r.role) if self.learned_paths else None)
-            kinds, d = policy.frequency_kinds, frequent
-            if self.session_text and local.score > frequent.score:
-                kinds, d = policy.session_frequency_kinds, local
+            session, d = self._frequent(policy, r, policy.running[r.id].context, max_k)
+            kinds = policy.session_frequency_kinds if session else policy.frequency_kinds
             if d.tokens:
                 found.append(self._candidate(policy, d.tokens, d.match_len,
                                              kinds.take(d.classes), before, frequency=True))
         return found
+
+    def _frequent(self, policy: Policy, r: Request, context: np.ndarray, k: int
+                  ) -> tuple[bool, FrequencyDraft]:
+        """(from the session's text, the draft): as SuffixDecoding, the most frequent path of
+        at most k tokens over all outputs (G's and the one being written) or over the
+        session's text, whichever scores higher (with `learned_paths`, the one the served
+        model is expected to take more of; a tie to all outputs)."""
+        local, frequent = frequent_drafts(
+            policy.sessions[r.session].s, policy.g, context, k,
+            worth=policy.path_worth(r.role) if self.learned_paths else None)
+        if self.session_text and local.score > frequent.score:
+            return True, local
+        return False, frequent
+
+    def _extended(self, policy: Policy, r: Request, c: Candidate, depth: int
+                  ) -> Candidate | None:
+        """Frequency path c continued by the frequency path after it (what follows the
+        context and c's tokens, as if the output had written them); the continuation's
+        tokens have kinds of their own for each depth, so the acceptance model learns how
+        far such continuations are taken (at the lengths after c's). None when nothing
+        follows."""
+        max_k = policy.config.max_k
+        context = context_ids((list(r.tokens[-max_k:]) + c.tokens)[-max_k:])
+        session, d = self._frequent(policy, r, context, max_k - len(c.tokens))
+        if not d.tokens:
+            return None
+        kinds = policy.extension_kinds[2 * depth + int(not session)].take(d.classes)
+        tokens = c.tokens + d.tokens
+        ids = draft_ids(c.ids[0], tokens) if self.token_bias else NO_IDS
+        return Candidate(tokens, c.m, np.concatenate([c.rows, policy.rows(kinds, d.tokens)]),
+                         ids, frequency=True)
 
     def _candidate(self, policy: Policy, tokens: list[int], m: int, kinds: int | np.ndarray,
                    before: int, frequency: bool = False) -> Candidate:
@@ -346,7 +392,7 @@ class _Running:
     candidates: list[Candidate] = field(default_factory=list)  # what this step could draft
     sent: Candidate | None = None  # the one it drafted from
     expected: float = 0.0  # the acceptance model's expected accepted tokens of the draft sent
-    sent_key: str = ""  # whose sent ratio priced it (`sent_key`)
+    sent_key: str = ""  # whose sent ratio priced it (`sent_key`, a "+" per extension)
 
 
 @dataclass
@@ -452,6 +498,12 @@ class Policy:
         self.frequency_kinds, self.session_frequency_kinds = (
             np.array([self.acceptance.kind(source + k) for k in FREQUENCY_CLASSES])
             for source in ("", "S")) if cost.frequency else (None, None)
+        # the same for the paths that continue a frequency path (CostAware.extend): per
+        # extension, from S and from G ("+SF<.8x2", "++F1x4", ...)
+        self.extension_kinds = [np.array([self.acceptance.kind("+" * depth + source + k)
+                                          for k in FREQUENCY_CLASSES])
+                                for depth in range(1, EXTENSIONS + 1) for source in ("S", "")] \
+            if cost.extend else None
         warm_up(token_bytes)
 
     def _corpus(self, max_tokens: int) -> Corpus:
@@ -676,7 +728,7 @@ def ladder(lam: float = 0.2) -> dict[str, PolicyConfig]:
     emission = replace(workspace, name="emission", emission=True)
     glob = replace(emission, name="global", global_=True)
     cost = CostAware(frequency=True, session_text=True, learned_paths=True, token_classes=True,
-                     score_all=True, calibrate_sent=True, token_bias=True)
+                     score_all=True, calibrate_sent=True, token_bias=True, extend=True)
     full = replace(glob, name="full", listings=True, isolate=True, follow=True,
                    choose=MostExpected(), length=cost, lam=lam)
     return {
@@ -707,4 +759,6 @@ def ladder(lam: float = 0.2) -> dict[str, PolicyConfig]:
                                             length=replace(cost, calibrate_sent=False)),
         "full-no-token-bias": replace(full, name="full-no-token-bias",
                                       length=replace(cost, token_bias=False)),
+        "full-no-extension": replace(full, name="full-no-extension",
+                                     length=replace(cost, extend=False)),
     }

@@ -172,7 +172,7 @@ def test_numpy_path_is_the_fallback():
 # --- the policy --------------------------------------------------------------------------------
 def test_full_drafts_what_past_outputs_say_when_nothing_can_be_copied():
     seed = [[5, 6, 7, 8, 9, 10, 11, 12]] * 3  # past outputs: 5 6 7 is always followed so
-    p = Policy(ladder()["full"], global_seed=seed)
+    p = Policy(ladder()["full-no-extension"], global_seed=seed)
     r = request("r", "A", [1, 2, 3, 5, 6, 7])  # and S has no earlier 6 7
     p.start(r)
     draft = p.propose([r])[0]
@@ -192,6 +192,34 @@ def test_full_drafts_what_past_outputs_say_when_nothing_can_be_copied():
     p.propose([r])
     [copy] = p.running["r"].candidates
     assert p.running["r"].source.startswith("G") and copy.tokens[:5] == [8, 9, 10, 11, 12]
+
+
+def test_a_frequency_path_drafted_to_its_end_is_continued_by_the_path_after_it():
+    seed = [[5, 6, 7, 8, 9, 10, 11, 12]] * 3  # as above: after 5 6 7, the path is 8 9 10
+    p = Policy(ladder()["full"], global_seed=seed)
+    r = request("r", "A", [1, 2, 3, 5, 6, 7])
+    p.start(r)
+    draft = p.propose([r])[0]
+    # all of it pays (a fresh model expects most of it taken): after 5 6 7 8 9 10, 11 12
+    [frequent] = p.running["r"].candidates
+    assert frequent.frequency and frequent.tokens == [8, 9, 10, 11, 12]
+    assert draft == frequent.tokens and p.running["r"].sent_key == "code/frequency/1+"
+    # the continuation's tokens have kinds of their own, which learn what the target takes
+    kinds = {v: k for k, v in p.acceptance.kinds.items()}
+    names = [kinds[int(row) // MODIFIERS] for row in frequent.rows]
+    assert not names[0].startswith("+") and all(n.startswith("+F") for n in names[3:])
+    r.tokens += [8, 9, 10, 11, 12, 99]
+    p.observe(r, len(draft), len(draft))
+    continued = p.acceptance.kinds[names[3]] * MODIFIERS
+    t, h = p.acceptance.by_row["code"]
+    width = len(t) // (len(p.acceptance.kinds) * MODIFIERS)
+    assert h[continued * width:(continued + MODIFIERS) * width].sum() > 0
+    # where the path is not drafted to its end, nothing is looked up after it
+    p = Policy(replace(ladder()["full"], lam=5.0), global_seed=seed)
+    r = request("r", "A", [1, 2, 3, 5, 6, 7])
+    p.start(r)
+    p.propose([r])
+    assert [c.tokens for c in p.running["r"].candidates] == [[8, 9, 10]]
 
 
 def test_a_frequency_source_the_model_never_follows_stops_drafting():
@@ -279,7 +307,8 @@ def test_the_path_drafted_is_the_one_the_served_model_is_seen_to_take():
     seed = [[1, 2, 3, 7, 7, 7]] + [[5, 3, 9, 9]] * 5
 
     def frequency_path(rung: str) -> list[int]:
-        p = Policy(ladder()[rung], global_seed=seed)
+        cfg = ladder()[rung]  # the path alone, not continued
+        p = Policy(replace(cfg, length=replace(cfg.length, extend=False)), global_seed=seed)
         for c, kind in zip(FREQUENCY_CLASSES, p.frequency_kinds):  # what one output says
             for _ in range(100):  # is never what this model writes
                 p.acceptance.observe("code", 1, known=3, matched=0 if "x1" in c else 3,
