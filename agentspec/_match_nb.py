@@ -16,6 +16,10 @@ from numba.typed import List
 
 _NEVER = -2  # what a context id that cannot be a token becomes (as in match.py)
 BLOCK = 64  # candidates (or tail entries) looked at per pass
+# a large tail chains each level's entries by key: head[level, key & CHAIN_MASK] is the
+# newest entry of that bucket, prev[level, entry] the one before it (-1: none)
+CHAIN_BUCKETS = 1 << 14
+CHAIN_MASK = CHAIN_BUCKETS - 1
 
 # one sorted run of one level as the kernels read it: (plain keys, directory, low halves,
 # positions); a run keeps plain keys or directory + low halves, the other part is empty
@@ -95,9 +99,10 @@ def entry_keys(buf, a, b, pw, levels, mask):
 
 
 @njit(cache=True)
-def index_tail(buf, a, b, pw, levels, mask, tail_keys, tail_pos, t0, seen):
+def index_tail(buf, a, b, pw, levels, mask, tail_keys, tail_pos, t0, head, prev):
     """Corpus._to_tail: positions in [a, b) whose token is real, with their keys at every
-    level, into the tail from t0 (and into its may-hold map); returns the tail's length."""
+    level, into the tail from t0 (and onto its chains, if it has them: head of shape
+    (0, 0) when not); returns the tail's length."""
     t, h = t0, _window_hashes(buf, a, pw, levels)
     for x in range(a, b):
         if buf[x] >= 0:
@@ -105,16 +110,27 @@ def index_tail(buf, a, b, pw, levels, mask, tail_keys, tail_pos, t0, seen):
             for i in range(len(levels)):
                 k = np.uint32(h[i] >> np.uint64(32)) & mask
                 tail_keys[i, t] = k
-                if seen.shape[0]:
-                    seen[i, k & 0xFFFF] = True  # (match._SEEN_MASK)
+                if head.shape[0]:
+                    prev[i, t] = head[i, k & CHAIN_MASK]
+                    head[i, k & CHAIN_MASK] = t
             t += 1
         _roll(h, buf, x, pw, levels)
     return t
 
 
 @njit(cache=True)
-def lookup(runs, tail_keys, tail_pos, tail_len, seen, buf, context, pw, levels, first, mask,
-           want, k):
+def link_tail(tail_keys, tail_len, head, prev):
+    """Chain the tail's first tail_len entries, oldest first, onto an empty head (-1s)."""
+    for t in range(tail_len):
+        for i in range(tail_keys.shape[0]):
+            bucket = tail_keys[i, t] & CHAIN_MASK
+            prev[i, t] = head[i, bucket]
+            head[i, bucket] = t
+
+
+@njit(cache=True)
+def lookup(runs, tail_keys, tail_pos, tail_len, head, prev, buf, context, pw, levels, first,
+           mask, want, k):
     """Corpus.match once the context is int32 and long enough: (m, chosen, candidates,
     agree, agreed, n), the continuation being buf[chosen : chosen + n]; m = 0: no match."""
     ctx = np.where(context < 0, _NEVER, context).astype(np.int32)  # never a token or boundary
@@ -127,8 +143,8 @@ def lookup(runs, tail_keys, tail_pos, tail_len, seen, buf, context, pw, levels, 
         q = levels[i]
         cap = levels[i + 1] - 1 if i < top else L
         v = _key(ctx, L, q, pw, mask)
-        m, n = _find(runs[i], tail_keys, tail_pos, tail_len, seen, i, v, buf, ctx, q, cap,
-                     out)
+        m, n = _find(runs[i], tail_keys, tail_pos, tail_len, head, prev, i, v, buf, ctx, q,
+                     cap, out)
         if n:
             chosen, members, agreed, cont = _vote(buf, out[:n], k)
             return m, chosen, n, members, agreed, cont
@@ -136,18 +152,26 @@ def lookup(runs, tail_keys, tail_pos, tail_len, seen, buf, context, pw, levels, 
 
 
 @njit(cache=True)
-def _find(runs, tail_keys, tail_pos, tail_len, seen, i, v, buf, ctx, q, cap, out):
+def _find(runs, tail_keys, tail_pos, tail_len, head, prev, i, v, buf, ctx, q, cap, out):
     """Level i (length q), key v: the longest verified length m in [q, cap] of its
     occurrences and, in out[:n], the most recent len(out) of that length, most recent first
     (n = 0: none verifies).
 
-    Occurrences are visited newest first (the tail backwards, then the runs newest to
-    oldest, each slice backwards), so the first len(out) of the best length are the
-    answer; once the best is cap and out is full, older ones cannot change it.  This is
-    the numpy path's _occurrences + _recent / _scan."""
+    Occurrences are visited newest first (the tail backwards, along v's chain once it has
+    them, then the runs newest to oldest, each slice backwards), so the first len(out) of
+    the best length are the answer; once the best is cap and out is full, older ones cannot
+    change it.  This is the numpy path's _occurrences + _recent / _scan."""
     want, L = len(out), len(ctx)
     best, n = q - 1, 0  # longest length so far (q-1: none yet); out[:n] have it
-    if tail_len and (seen.shape[0] == 0 or seen[i, v & 0xFFFF]):  # the unsorted tail
+    if tail_len and head.shape[0]:  # the unsorted tail: v's entries, and its bucket's
+        t = head[i, v & CHAIN_MASK]
+        while t >= 0:
+            if tail_keys[i, t] == v:
+                best, n = _consider(buf, tail_pos[t], ctx, q, cap, out, best, n)
+                if best == cap and n == want:
+                    return best, n
+            t = prev[i, t]
+    elif tail_len:  # a small tail: all of it
         end = tail_len
         while end > 0:  # in blocks, newest first: a block without v is one SIMD pass
             start = max(0, end - BLOCK)
@@ -266,9 +290,9 @@ def _vote(buf, e, k):
 
 
 @njit(cache=True)
-def frequent(s_runs, s_tail_keys, s_tail_pos, s_tail_len, s_seen, s_buf, s_open, open_len,
-             g_runs, g_tail_keys, g_tail_pos, g_tail_len, g_seen, g_buf, with_g,
-             context, pw, levels, mask, want, k, max_context, min_prob, share_edges,
+def frequent(s_runs, s_tail_keys, s_tail_pos, s_tail_len, s_head, s_prev, s_buf, s_open,
+             open_len, g_runs, g_tail_keys, g_tail_pos, g_tail_len, g_head, g_prev, g_buf,
+             with_g, context, pw, levels, mask, want, k, max_context, min_prob, share_edges,
              evidence_edges, worth, found, found_tokens):
     """match.frequent_drafts once the context is int32: a request writes at the end of
     corpus s (its open document starts at buffer index s_open and holds open_len tokens),
@@ -282,8 +306,8 @@ def frequent(s_runs, s_tail_keys, s_tail_pos, s_tail_len, s_seen, s_buf, s_open,
     given), one after the other (one read each). A path's score is its expected accepted
     tokens under `worth` (`agentspec.frequency.expected_accepted`; an empty one: its
     probabilities summed)."""
-    s = (s_runs, s_tail_keys, s_tail_pos, s_tail_len, s_seen, s_buf)
-    g = (g_runs, g_tail_keys, g_tail_pos, g_tail_len, g_seen, g_buf)
+    s = (s_runs, s_tail_keys, s_tail_pos, s_tail_len, s_head, s_prev, s_buf)
+    g = (g_runs, g_tail_keys, g_tail_pos, g_tail_len, g_head, g_prev, g_buf)
     ctx = np.where(context < 0, _NEVER, context).astype(np.int32)
     L = len(ctx)
     out_s, out_g = np.empty(want, dtype=np.int32), np.empty(want, dtype=np.int32)
@@ -363,8 +387,9 @@ def _frequency_class(share, evidence, share_edges, evidence_edges):
 def _recent(corpus, i, v, ctx, q, out):
     """The most recent len(out) occurrences of the context's last q tokens (level i, key v)
     into out, most recent first; returns how many."""
-    runs, tail_keys, tail_pos, tail_len, seen, buf = corpus
-    _, n = _find(runs[i], tail_keys, tail_pos, tail_len, seen, i, v, buf, ctx, q, q, out)
+    runs, tail_keys, tail_pos, tail_len, head, prev, buf = corpus
+    _, n = _find(runs[i], tail_keys, tail_pos, tail_len, head, prev, i, v, buf, ctx, q, q,
+                 out)
     return n
 
 

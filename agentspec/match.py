@@ -28,13 +28,14 @@ Design (numpy, optionally numba; no per-token Python work):
   real tokens first.
 * The index of each level is an LSM: sorted runs of (key, position) pairs, ordered by key
   then position (so all occurrences of a q-gram are one slice, oldest first), plus a small
-  unsorted tail of the newest entries scanned with one vectorized compare (behind a 2**16
-  bit "may hold" map once it is large).  When the tail passes `tail_max` tokens it is
-  sorted into a run (windows crossing a boundary are dropped then; in the tail the token
-  check rejects them); a run is merged into the previous one while that one is at most
-  MERGE_FACTOR times larger (a linear merge: newer positions are always larger, so no
-  re-sort).  Runs of at least DIR_MIN entries store keys as a 2**16 directory plus 16-bit
-  low halves: 2 bytes per key instead of 4.
+  unsorted tail of the newest entries scanned with one vectorized compare (the kernels,
+  once it is large, follow the key's chain instead: each level's entries linked by key,
+  newest first, so a lookup reads a key's entries, not the tail).  When the tail passes
+  `tail_max` tokens it is sorted into a run (windows crossing a boundary are dropped then;
+  in the tail the token check rejects them); a run is merged into the previous one while
+  that one is at most MERGE_FACTOR times larger (a linear merge: newer positions are
+  always larger, so no re-sort).  Runs of at least DIR_MIN entries store keys as a 2**16
+  directory plus 16-bit low halves: 2 bytes per key instead of 4.
 * Lookup goes down the levels from the longest that fits the context.  The first level
   with a verified occurrence bounds the answer: m >= q there and m < the next level's q
   (which had none).  If the two are adjacent the answer is q and only the most recent
@@ -89,10 +90,9 @@ _M64 = (1 << 64) - 1
 _M32 = (1 << 32) - 1
 _KEY_MASK = _M32  # keys keep these bits (tests narrow it to make every bucket collide)
 _PACK_LIMIT = (1 << 21) - 1  # ids below this: the vote packs 3 tokens (>= -1) into one int64
-_SEEN_MASK = (1 << 16) - 1
-_SEEN_FROM = 1024  # tail entries from which a tail gets its may-hold bitmaps
+_CHAIN_FROM = 1024  # tail entries from which the kernels reach a key's entries by chains
 _TAIL_START = 256  # initial tail capacity
-_NO_SEEN = np.zeros((0, 0), dtype=bool)  # the kernels' "no may-hold map yet"
+_NO_CHAINS = np.zeros((0, 0), dtype=np.int32)  # the kernels' "no chains (yet)"
 _PACK = np.array([1 << 42, 1 << 21, 1], dtype=np.int64)
 _BASE = 0x9E3779B97F4A7C15  # odd: multiplication by it is a bijection mod 2**64
 
@@ -318,9 +318,10 @@ class Corpus:
         self._tail_keys = np.empty((nl, cap), dtype=np.uint32)
         self._tail_pos = np.empty(cap, dtype=np.int32)
         self._tail_len = 0
-        # once the tail is large: _tail_seen[i, key & _SEEN_MASK], may the tail hold this key?
-        self._tail_seen: np.ndarray | None = None
-        self._level_rows = np.arange(nl)[:, None]
+        # with the kernels, once the tail is large: its entries chained by key, per level
+        # (_match_nb.CHAIN_BUCKETS): a lookup reads a key's entries, not the whole tail
+        self._tail_head: np.ndarray | None = None
+        self._tail_prev: np.ndarray | None = None
         self._runs: list[_Run] = []
         self._bounds: list[int] = []  # buffer indices of boundaries, increasing
         self._held = 0  # real tokens held
@@ -347,7 +348,7 @@ class Corpus:
         """Bytes held by the token buffer, the runs and the tail."""
         return (self._buf.nbytes + sum(r.nbytes for r in self._runs)
                 + self._tail_keys.nbytes + self._tail_pos.nbytes
-                + (self._tail_seen.nbytes if self._tail_seen is not None else 0)
+                + sum(a.nbytes for a in (self._tail_head, self._tail_prev) if a is not None)
                 + 8 * len(self._bounds))
 
     def extend(self, tokens) -> None:
@@ -437,22 +438,36 @@ class Corpus:
             grown = np.empty(size, dtype=np.int32)
             grown[:t0] = self._tail_pos[:t0]
             self._tail_pos = grown
-        seen = self._tail_seen
+            if self._tail_prev is not None:
+                grown = np.empty((len(self.levels), size), dtype=np.int32)
+                grown[:, :t0] = self._tail_prev[:, :t0]
+                self._tail_prev = grown
         if self._nb is not None:  # (one call: the keys go straight into the tail)
             t1 = self._nb.index_tail(self._buf, a, b, self._pw, self._levels_arr,
                                      np.uint32(_KEY_MASK), self._tail_keys, self._tail_pos, t0,
-                                     _NO_SEEN if seen is None else seen)
+                                     *self._chains())
+            if self._tail_head is None and t1 >= _CHAIN_FROM:
+                self._tail_head = np.empty((len(self.levels), self._nb.CHAIN_BUCKETS),
+                                           dtype=np.int32)
+                self._tail_prev = np.empty_like(self._tail_keys, dtype=np.int32)
+                self._link_tail(t1)
         else:
             e, keys = self._entries(a, b)
             t1 = t0 + len(e)
             self._tail_keys[:, t0:t1] = keys
             self._tail_pos[t0:t1] = e
-            if seen is not None:
-                seen[self._level_rows, keys & _SEEN_MASK] = True
         self._tail_len = t1
-        if seen is None and t1 >= _SEEN_FROM:
-            self._tail_seen = np.zeros((len(self.levels), _SEEN_MASK + 1), dtype=bool)
-            self._tail_seen[self._level_rows, self._tail_keys[:, :t1] & _SEEN_MASK] = True
+
+    def _chains(self) -> tuple[np.ndarray, np.ndarray]:
+        """The tail's chains (head, prev) as the kernels take them."""
+        if self._tail_head is None:
+            return _NO_CHAINS, _NO_CHAINS
+        return self._tail_head, self._tail_prev
+
+    def _link_tail(self, n: int) -> None:
+        """Chain the tail's first n entries anew (it was just made large, or filtered)."""
+        self._tail_head.fill(-1)
+        self._nb.link_tail(self._tail_keys, n, self._tail_head, self._tail_prev)
 
     def _entries(self, a: int, b: int) -> tuple[np.ndarray, np.ndarray]:
         """Positions e in [a, b) whose token is real, and their keys at every level (L, n)."""
@@ -486,8 +501,8 @@ class Corpus:
                 ps.append(e[ok])
             self._push(_Run.build(ks, ps, start, end, self._dir_min))
         self._tail_len = 0
-        if self._tail_seen is not None:
-            self._tail_seen[:] = False
+        if self._tail_head is not None:
+            self._tail_head.fill(-1)
         self._tail_start = end
 
     def _push(self, run: _Run) -> None:
@@ -549,6 +564,8 @@ class Corpus:
         self._tail_keys[:, :m] = self._tail_keys[:, :n][:, ok]
         self._tail_pos[:m] = self._tail_pos[:n][ok] - shift
         self._tail_len = m
+        if self._tail_head is not None:
+            self._link_tail(m)
         self._tail_start = max(self._tail_start, cut) - shift
         self._indexed = max(self._indexed, cut) - shift
         self._bounds = [x - shift for x in bounds if x >= cut]
@@ -567,8 +584,8 @@ class Corpus:
             return _no_match()
         if self._nb is not None:  # all of the below, and the vote, in one compiled call
             m, chosen, n_cand, members, agreed, n = self._nb.lookup(
-                self._nb_runs, self._tail_keys, self._tail_pos, self._tail_len,
-                _NO_SEEN if self._tail_seen is None else self._tail_seen, self._buf, ctx,
+                self._nb_runs, self._tail_keys, self._tail_pos, self._tail_len, *self._chains(),
+                self._buf, ctx,
                 self._pw, self._levels_arr, self._first, np.uint32(_KEY_MASK),
                 self.max_candidates, min(int(k), self._n))
             if not m:
@@ -616,8 +633,8 @@ class Corpus:
 
     def _nb_state(self) -> tuple:
         """What the kernels read of this corpus, as one tuple."""
-        return (self._nb_runs, self._tail_keys, self._tail_pos, self._tail_len,
-                _NO_SEEN if self._tail_seen is None else self._tail_seen, self._buf)
+        return (self._nb_runs, self._tail_keys, self._tail_pos, self._tail_len, *self._chains(),
+                self._buf)
 
     def _context(self, context) -> np.ndarray:
         """The last max_match ids as int32 (see `context_ids`)."""
@@ -651,7 +668,7 @@ class Corpus:
                 lo, hi = s + lo, s + int(a.searchsorted(low, "right"))
             parts.append(run.pos[i][lo:hi])
         n = self._tail_len
-        if n and (self._tail_seen is None or self._tail_seen[i, v & _SEEN_MASK]):
+        if n:
             hit = (self._tail_keys[i, :n] == v32).nonzero()[0]
             if hit.size:
                 parts.append(self._tail_pos[hit])

@@ -11,12 +11,11 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from time import thread_time_ns
 from typing import Callable, Sequence
 
 from agentspec.drafter import Drafter
 from agentspec.metrics import Meter
-from agentspec.speculation import Loop, Row
+from agentspec.speculation import Loop, Row, drafter_clock, drafter_ns
 from agentspec.tokens import TokenizedSession
 
 
@@ -69,10 +68,10 @@ class _Clock:
         self.ns = 0
 
     def __enter__(self):
-        self._t0 = thread_time_ns()
+        self._start = drafter_clock()
 
     def __exit__(self, *exc):
-        self.ns += thread_time_ns() - self._t0
+        self.ns += drafter_ns(self._start)
 
 
 def _next_call(drafter: Drafter, cur: _Cursor, clock: _Clock, row: Row | None = None

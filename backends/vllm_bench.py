@@ -33,8 +33,10 @@ import tempfile
 from collections import deque
 from importlib.util import find_spec
 from pathlib import Path
-from time import perf_counter, thread_time
+from time import perf_counter
 from typing import TYPE_CHECKING, Callable, Sequence
+
+from agentspec.speculation import drafter_clock, drafter_ns
 
 # The worker imports this module before its engine exists: it must not load numba then
 # (agentspec.bench does, through the match engine; see vllm_drafter), so the CLI's side
@@ -296,11 +298,11 @@ def fresh_drafter(worker, suffix_seed: Sequence[Sequence[int]] = ()) -> None:
     d.propose_s = 0.0
 
     def timed(*args, **kwargs):  # CPU time, as the replay and MLX benches measure drafters
-        t0 = thread_time()
+        start = drafter_clock()
         try:
             return propose(*args, **kwargs)
         finally:
-            d.propose_s += thread_time() - t0
+            d.propose_s += drafter_ns(start) / 1e9
 
     d.propose = timed
 

@@ -149,7 +149,7 @@ KNOBS = st.fixed_dictionaries({
     "CHUNK": st.sampled_from([1, 5, 1 << 18]),
     "FLUSH_MIN": st.sampled_from([1, 7, 2048]),
     "MERGE_FACTOR": st.sampled_from([1, 2, 4]),
-    "_SEEN_FROM": st.sampled_from([1, 5, 1024]),
+    "_CHAIN_FROM": st.sampled_from([1, 5, 1024]),
     "_TAIL_START": st.sampled_from([1, 2, 256]),
 })
 
