@@ -17,7 +17,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .drafter import Request
+from .drafter import Drafter, Request
 
 
 def ngram_propose(tokens: np.ndarray, min_n: int, max_n: int, k: int) -> np.ndarray:
@@ -68,7 +68,7 @@ class _TokenBuffer:
         return self.data[: self.size]
 
 
-class NgramDrafter:
+class NgramDrafter(Drafter):
     """vLLM `ngram` (prompt_lookup_min=2, prompt_lookup_max=4, num_speculative_tokens=5).
 
     Searches only the request's own tokens. `max_model_len`, if given, caps drafts so
@@ -85,9 +85,6 @@ class NgramDrafter:
         self.max_model_len = max_model_len
         self._buffers: dict[tuple[str, str], _TokenBuffer] = {}
 
-    def register(self, session: str, kind: str, tokens: Sequence[int], path: str = "") -> None:
-        pass
-
     def start(self, request: Request) -> None:
         self._buffers[(request.session, request.id)] = _TokenBuffer()
 
@@ -102,17 +99,8 @@ class NgramDrafter:
             drafts.append(ngram_propose(tokens, self.min_n, self.max_n, k).tolist())
         return drafts
 
-    def observe(self, request: Request, drafted: int, accepted: int) -> None:
-        pass
-
-    def observe_step(self, verified: Sequence[int], seconds: float) -> None:
-        pass
-
     def finish(self, request: Request) -> None:
         self._buffers.pop((request.session, request.id), None)
-
-    def drop_session(self, session: str) -> None:
-        pass
 
 
 def seed_responses(cache, outputs: Sequence[Sequence[int]], new_id) -> int:
@@ -129,7 +117,7 @@ def seed_responses(cache, outputs: Sequence[Sequence[int]], new_id) -> int:
     return seeded
 
 
-class SuffixDrafter:
+class SuffixDrafter(Drafter):
     """vLLM `suffix`: arctic-inference SuffixDecodingCache with vLLM's defaults.
 
     One cache for the whole drafter (vLLM keeps one per engine), so past responses are
@@ -156,9 +144,6 @@ class SuffixDrafter:
         self.name = name
         self.global_seed_outputs = seed_responses(self.cache, global_seed,
                                                   lambda: next(self._ids))
-
-    def register(self, session: str, kind: str, tokens: Sequence[int], path: str = "") -> None:
-        pass
 
     def start(self, request: Request) -> None:
         key = (request.session, request.id)
@@ -200,12 +185,6 @@ class SuffixDrafter:
             drafts.append([int(t) for t in draft.token_ids])
         return drafts
 
-    def observe(self, request: Request, drafted: int, accepted: int) -> None:
-        pass
-
-    def observe_step(self, verified: Sequence[int], seconds: float) -> None:
-        pass
-
     def finish(self, request: Request) -> None:
         key = (request.session, request.id)
         if key not in self._active:
@@ -213,6 +192,3 @@ class SuffixDrafter:
         arctic_id = self._catch_up(request)
         self.cache.stop_request(arctic_id)
         del self._active[key]
-
-    def drop_session(self, session: str) -> None:
-        pass

@@ -36,7 +36,8 @@ class Request:
 
 
 class Drafter(Protocol):
-    """A drafting policy. Implementations keep all per-session state themselves."""
+    """A drafting policy. Implementations keep all per-session state themselves; one that
+    subclasses it inherits a method it has no use for as a no-op (all but `propose`)."""
 
     name: str
     global_seed_outputs: int  # past outputs it was given to draft from (reports say so)
@@ -69,29 +70,11 @@ class Drafter(Protocol):
         """Forget everything about a session."""
 
 
-class Plain:
+class Plain(Drafter):
     """No drafting: plain autoregressive decoding, the reference every method is compared to."""
 
     name = "plain"
     global_seed_outputs = 0
 
-    def register(self, session, kind, tokens, path=""):
-        pass
-
-    def start(self, request):
-        pass
-
     def propose(self, batch, padded=False):
         return [[] for _ in batch]
-
-    def observe(self, request, drafted, accepted):
-        pass
-
-    def observe_step(self, verified, seconds):
-        pass
-
-    def finish(self, request):
-        pass
-
-    def drop_session(self, session):
-        pass
