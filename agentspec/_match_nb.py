@@ -45,25 +45,32 @@ def add_run(runs, level, plain, dir_, lo, pos):
 
 
 @njit(cache=True)
-def _key(s, end, q, pw, mask):
-    """match._key of sum_{i<q} s[end-1-i] * B**(i+1) mod 2**64 (the window is cut at the
-    start of s)."""
+def _hash(s, end, q, pw):
+    """sum_{i<q} s[end-1-i] * B**(i+1) mod 2**64 (the window is cut at the start of s)."""
     h = np.uint64(0)
     for i in range(min(q, end)):
         h += np.uint64(np.int64(s[end - 1 - i])) * pw[i + 1]  # -1 -> 2**64-1, as numpy casts
+    return h
+
+
+@njit(cache=True)
+def _key_of(h, mask):
+    """match._key of one hash: its high half."""
     return np.uint32(h >> np.uint64(32)) & mask
 
 
 @njit(cache=True)
+def _key(s, end, q, pw, mask):
+    """match._key of the window of q tokens before `end` (`_hash`)."""
+    return _key_of(_hash(s, end, q, pw), mask)
+
+
+@njit(cache=True)
 def _window_hashes(buf, x, pw, levels):
-    """Per level (q tokens), the hash `_key` takes of the window before x: sum_{i<q}
-    buf[x-1-i] * B**(i+1) mod 2**64, cut at the buffer's start. `_roll` moves them on."""
+    """Per level (q tokens), the `_hash` of the window before x. `_roll` moves them on."""
     h = np.empty(len(levels), dtype=np.uint64)
     for l in range(len(levels)):
-        v = np.uint64(0)
-        for i in range(min(levels[l], x)):
-            v += np.uint64(np.int64(buf[x - 1 - i])) * pw[i + 1]
-        h[l] = v
+        h[l] = _hash(buf, x, levels[l], pw)
     return h
 
 
@@ -92,7 +99,7 @@ def entry_keys(buf, a, b, pw, levels, mask):
         if buf[x] >= 0:
             e[j] = x
             for i in range(len(levels)):
-                keys[i, j] = np.uint32(h[i] >> np.uint64(32)) & mask
+                keys[i, j] = _key_of(h[i], mask)
             j += 1
         _roll(h, buf, x, pw, levels)
     return e, keys
@@ -108,7 +115,7 @@ def index_tail(buf, a, b, pw, levels, mask, tail_keys, tail_pos, t0, head, prev)
         if buf[x] >= 0:
             tail_pos[t] = x
             for i in range(len(levels)):
-                k = np.uint32(h[i] >> np.uint64(32)) & mask
+                k = _key_of(h[i], mask)
                 tail_keys[i, t] = k
                 if head.shape[0]:
                     prev[i, t] = head[i, k & CHAIN_MASK]

@@ -235,7 +235,8 @@ class CostAware:
         far such continuations are taken (at the lengths after c's). None when nothing
         follows."""
         max_k = policy.config.max_k
-        context = context_ids((list(r.tokens[-max_k:]) + c.tokens)[-max_k:])
+        # the step's context (already ids) with c's tokens after it
+        context = context_ids(np.concatenate((policy.running[r.id].context, c.tokens))[-max_k:])
         session, d = self._frequent(policy, r, context, max_k - len(c.tokens))
         if not d.tokens:
             return None

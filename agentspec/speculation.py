@@ -23,9 +23,9 @@ def drafter_clock() -> tuple[int, int]:
 
 def drafter_ns(start: tuple[int, int]) -> int:
     """The drafter's CPU time since `start` (bench-json.md): the lesser of two bounds from
-    above. The thread's CPU clock also counts its own reads (a system call: ~6 us each in
-    this sandbox, as much as a third of a light step), the wall clock the turns other
-    processes take on this core."""
+    above. The thread's CPU clock also counts its own reads (a system call: 1-6 us each in
+    this sandbox, ~3 us of a ~150 us step), the wall clock the turns other processes take
+    on this core."""
     wall = perf_counter_ns() - start[1]
     return min(thread_time_ns() - start[0], wall)
 
