@@ -45,7 +45,7 @@ from agentspec.costs import linear_costs
 from agentspec.drafter import FILE, OUTPUT, PROMPT, Request
 from agentspec.frequency import FREQUENCY_CLASSES, FrequencyDraft
 from agentspec.learned_costs import LearnedCosts
-from agentspec.match import Corpus, Match, context_ids, frequent_drafts
+from agentspec.match import TAIL_MAX, Corpus, Match, context_ids, frequent_drafts
 from agentspec.structure import BlockTracker, StructureError, parse_structure
 
 WORTH_EVERY = 128  # drafts of a role between two reads of its curves by path_worth
@@ -705,7 +705,9 @@ def warm_up(token_bytes: list[bytes] | None = None) -> None:
     _kernels_ready = True
     policy = Policy(ladder()["full"], token_bytes=token_bytes)
     vocab = len(token_bytes) if token_bytes else 1000
-    text = np.random.default_rng(0).integers(0, vocab, 200).tolist() * 3  # repeats: copies
+    rng = np.random.default_rng(0)
+    # repeats, for copies; long enough that S's tail chains its entries (match._CHAIN_FROM)
+    text = rng.integers(0, vocab, 400).tolist() * 3
     policy.register("warm-up", PROMPT, text)
     rows = [Request(f"warm-up#{i}", "warm-up", text[:20 + i], 20 + i, role="code")
             for i in range(2)]
@@ -720,6 +722,9 @@ def warm_up(token_bytes: list[bytes] | None = None) -> None:
             policy.observe(r, len(draft), accepted)
     for r in rows:
         policy.finish(r)
+    # a text longer than a tail: indexing it seals a sorted run
+    policy.register("warm-up", PROMPT, rng.integers(0, vocab, TAIL_MAX + 1).tolist())
+    policy.start(Request("warm-up#2", "warm-up", text[:20], 20, role="code"))
 
 
 def ladder(lam: float = 0.2) -> dict[str, PolicyConfig]:
