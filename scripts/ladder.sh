@@ -3,7 +3,9 @@
 # (lambda 0.5), with the baselines warm (suffix: the past outputs every method gets) and cold,
 # and full with each of its newer mechanisms switched off; then the copy bound of each trace
 # (what no copying drafter can beat, on the same sessions) and what its frequency source could
-# draft. Reports land in results/ladder/.
+# draft; and at batch 1, the baselines and full planned for cheaper drafts (lambda 0.1 and
+# 0.02: what profile-lambda measures for engines at batch 1, from MLX on a CPU to a GPU).
+# Reports land in results/ladder/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TRACES=${TRACES:-../shared/traces}
@@ -20,6 +22,13 @@ for trace in acr-run-1 sweagent-gpt4-run-1; do
     .venv/bin/agentspec bench --backend replay --traces "$TRACES/$trace.jsonl.gz" \
       --sessions "$SESSIONS" --seed "$SEED" --batch "$1" --lambda "$2" --methods "$METHODS" \
       --structure "$STRUCTURE" --json "$out.json" --plot "$out.png" | tee "$out.txt"
+  done
+  for lam in 0.1 0.02; do
+    out=results/ladder/$trace-b1-lam$lam
+    .venv/bin/agentspec bench --backend replay --traces "$TRACES/$trace.jsonl.gz" \
+      --sessions "$SESSIONS" --seed "$SEED" --batch 1 --lambda "$lam" \
+      --methods plain,suffix,suffix-cold,full --structure "$STRUCTURE" --json "$out.json" \
+      --plot "$out.png" | tee "$out.txt"
   done
   .venv/bin/python scripts/copy_bound.py --traces "$TRACES/$trace.jsonl.gz" \
     --sessions "$SESSIONS" --seed "$SEED" --context 1,2,3,4 --frequency \
