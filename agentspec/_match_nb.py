@@ -118,8 +118,7 @@ def index_tail(buf, a, b, pw, levels, mask, tail_keys, tail_pos, t0, head, prev)
                 k = _key_of(h[i], mask)
                 tail_keys[i, t] = k
                 if head.shape[0]:
-                    prev[i, t] = head[i, k & CHAIN_MASK]
-                    head[i, k & CHAIN_MASK] = t
+                    _chain(head, prev, i, t, k)
             t += 1
         _roll(h, buf, x, pw, levels)
     return t
@@ -130,9 +129,15 @@ def link_tail(tail_keys, tail_len, head, prev):
     """Chain the tail's first tail_len entries, oldest first, onto an empty head (-1s)."""
     for t in range(tail_len):
         for i in range(tail_keys.shape[0]):
-            bucket = tail_keys[i, t] & CHAIN_MASK
-            prev[i, t] = head[i, bucket]
-            head[i, bucket] = t
+            _chain(head, prev, i, t, tail_keys[i, t])
+
+
+@njit(cache=True)
+def _chain(head, prev, i, t, key):
+    """Tail entry t, of key `key` at level i, becomes the newest of its bucket's chain."""
+    bucket = key & CHAIN_MASK
+    prev[i, t] = head[i, bucket]
+    head[i, bucket] = t
 
 
 @njit(cache=True)

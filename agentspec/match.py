@@ -240,6 +240,14 @@ def _merge(old: _Run, new: _Run, dir_min: int) -> _Run:
     return _Run(keys, pos, old.start, new.end)
 
 
+def _grown(a: np.ndarray, size: int, used: int) -> np.ndarray:
+    """A tail array (entries along its last axis) with room for `size` entries, holding
+    its first `used`."""
+    out = np.empty(a.shape[:-1] + (size,), dtype=a.dtype)
+    out[..., :used] = a[..., :used]
+    return out
+
+
 def default_levels(min_match: int, max_match: int) -> tuple[int, ...]:
     """min_match, +1, +2 (adjacent: short suffixes have huge occurrence lists), 8, max_match."""
     lv = {min_match, min_match + 1, min_match + 2, max(min_match + 3, 8), max_match}
@@ -432,16 +440,10 @@ class Corpus:
         t0 = self._tail_len
         if t0 + (b - a) > len(self._tail_pos):  # room for every position of [a, b)
             size = min(self.tail_max, max(t0 + (b - a), 2 * len(self._tail_pos)))
-            grown = np.empty((len(self.levels), size), dtype=np.uint32)
-            grown[:, :t0] = self._tail_keys[:, :t0]
-            self._tail_keys = grown
-            grown = np.empty(size, dtype=np.int32)
-            grown[:t0] = self._tail_pos[:t0]
-            self._tail_pos = grown
+            self._tail_keys = _grown(self._tail_keys, size, t0)
+            self._tail_pos = _grown(self._tail_pos, size, t0)
             if self._tail_prev is not None:
-                grown = np.empty((len(self.levels), size), dtype=np.int32)
-                grown[:, :t0] = self._tail_prev[:, :t0]
-                self._tail_prev = grown
+                self._tail_prev = _grown(self._tail_prev, size, t0)
         if self._nb is not None:  # (one call: the keys go straight into the tail)
             t1 = self._nb.index_tail(self._buf, a, b, self._pw, self._levels_arr,
                                      np.uint32(_KEY_MASK), self._tail_keys, self._tail_pos, t0,
