@@ -5,26 +5,28 @@
 # (what no copying drafter can beat, on the same sessions) and what its frequency source could
 # draft; and at batch 1, the baselines and full planned for cheaper drafts (lambda 0.1 and
 # 0.02: what profile-lambda measures for engines at batch 1, from MLX on a CPU to a GPU).
-# Reports land in results/ladder/.
+# Reports land in results/ladder/ (OUT=... elsewhere: e.g. a held-out split,
+# SEED=11 SESSIONS=24 OUT=results/ladder-seed11 bash scripts/ladder.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TRACES=${TRACES:-../shared/traces}
 SESSIONS=${SESSIONS:-32}
 SEED=${SEED:-7}
+OUT=${OUT:-results/ladder}
 STRUCTURE='[["```", "```"], ["<original>", "</original>"], ["<patched>", "</patched>"]]'
 METHODS=plain,ngram,suffix,suffix-cold,session,workspace,emission,global,fixed32,agspec,agentspec-s
 METHODS=$METHODS,agentspec,full,full-no-listings,full-no-frequency,full-no-session-text,full-no-learned-paths,full-no-classes,full-sent-only,full-no-sent-calibration,full-no-token-bias,full-no-extension
-mkdir -p results/ladder
+mkdir -p "$OUT"
 for trace in acr-run-1 sweagent-gpt4-run-1; do
   for spec in "1 0.2" "16 0.5"; do
     set -- $spec
-    out=results/ladder/$trace-b$1
+    out=$OUT/$trace-b$1
     .venv/bin/agentspec bench --backend replay --traces "$TRACES/$trace.jsonl.gz" \
       --sessions "$SESSIONS" --seed "$SEED" --batch "$1" --lambda "$2" --methods "$METHODS" \
       --structure "$STRUCTURE" --json "$out.json" --plot "$out.png" | tee "$out.txt"
   done
   for lam in 0.1 0.02; do
-    out=results/ladder/$trace-b1-lam$lam
+    out=$OUT/$trace-b1-lam$lam
     .venv/bin/agentspec bench --backend replay --traces "$TRACES/$trace.jsonl.gz" \
       --sessions "$SESSIONS" --seed "$SEED" --batch 1 --lambda "$lam" \
       --methods plain,suffix,suffix-cold,full --structure "$STRUCTURE" --json "$out.json" \
@@ -32,5 +34,5 @@ for trace in acr-run-1 sweagent-gpt4-run-1; do
   done
   .venv/bin/python scripts/copy_bound.py --traces "$TRACES/$trace.jsonl.gz" \
     --sessions "$SESSIONS" --seed "$SEED" --context 1,2,3,4 --frequency \
-    --json "results/ladder/$trace-bound.json" | tee "results/ladder/$trace-bound.txt"
+    --json "$OUT/$trace-bound.json" | tee "$OUT/$trace-bound.txt"
 done
