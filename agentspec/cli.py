@@ -128,7 +128,7 @@ def bench(
     if any(a.startswith("-") for a in extra):
         fail(f"unknown option {next(a for a in extra if a.startswith('-'))}")
     try:
-        run = _load_bench(backend, list(traces) + [Path(a) for a in extra], sessions=sessions,
+        run = load_bench(backend, list(traces) + [Path(a) for a in extra], sessions=sessions,
                           seed=seed, methods=methods, batch=batch, model=model,
                           cost_profile=cost_profile, lam=lam, kmax=kmax, structure=structure,
                           profile_sessions=profile_sessions, split=split, dtype=dtype,
@@ -156,7 +156,7 @@ class BenchRun:
     sample: dict  # how the sessions were chosen, so the run can be repeated
 
 
-def _load_bench(backend: str, traces: list[Path], *, sessions, seed, methods, batch, model,
+def load_bench(backend: str, traces: list[Path], *, sessions, seed, methods, batch, model,
                 cost_profile, lam, kmax, structure, profile_sessions, split, dtype,
                 urls, outputs, save_outputs) -> BenchRun:
     """Check the options, read and split the traces, tokenize, profile Kmax: a BenchRun."""

@@ -1,0 +1,144 @@
+#!/usr/bin/env python
+"""Where two methods' AL differ on a trace: their steps side by side, and what `full` passed over.
+
+On the sessions `agentspec bench --backend replay` measures (the same task split, seed, sample,
+Kmax profile and past outputs), it replays `full` and a baseline (default `suffix`, warm as the
+bench has it), records where in each output every step starts, what it drafted and what was
+accepted, and lines the two methods' steps up by the output position they start at. It says:
+- at positions where `full` sends a draft, and where it sends nothing: the draft tokens each
+  method had accepted there, a step;
+- where `full` sends nothing: how many tokens the baseline's drafts took (0, 1, 2 or more);
+- `full`'s candidates at the steps it sent nothing: the first-token probability its acceptance
+  model gave them, by band, against how often that first token was the one written. Calibrated
+  bands under the plan's price are drafts that would not have paid: a higher AL from them would
+  cost speed.
+
+    .venv/bin/python scripts/al_gap.py --traces ../shared/traces/sweagent-gpt4-run-1.jsonl.gz \\
+        --sessions 32 --seed 7
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from agentspec.bench import make_drafter  # noqa: E402
+from agentspec.cli import load_bench  # noqa: E402
+from agentspec.policy import CostAware, Policy  # noqa: E402
+from agentspec.replay import replay  # noqa: E402
+
+BANDS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.7, 1.0)
+
+
+class Recorder:
+    """A drafter as the engine sees it, recording each step of each request: (request id,
+    output position the step starts at) -> (drafted, accepted). Of a `full` policy it also
+    records, at each step it drafted nothing, every candidate's predicted first-token
+    probability and whether that token was the one written."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.steps: dict[tuple[str, int], tuple[int, int]] = {}
+        self.passed_over: list[tuple[float, bool]] = []
+        self._start: dict[str, int] = {}
+
+    def __getattr__(self, name):  # register, start, finish, ...: the drafter's own
+        return getattr(self.inner, name)
+
+    def propose(self, batch, padded=False):
+        for r in batch:
+            self._start[r.id] = len(r.output)
+        return self.inner.propose(batch, padded)
+
+    def observe(self, request, drafted, accepted):
+        at = self._start[request.id]
+        self.steps[(request.id, at)] = (drafted, accepted)
+        policy = self.inner
+        if not drafted and isinstance(policy, Policy) \
+                and isinstance(policy.config.length, CostAware):
+            written = request.output[at]  # the target's token at the step's first position
+            for c in policy.running[request.id].candidates:
+                p = policy.acceptance.accept_probs(request.role, c.m, c.rows, 1, c.ids)[0]
+                self.passed_over.append((float(p), c.tokens[0] == written))
+        self.inner.observe(request, drafted, accepted)
+
+
+def compare(full: Recorder, base: Recorder) -> dict:
+    """The aligned steps, and the calibration of what `full` passed over."""
+    common = full.steps.keys() & base.steps.keys()
+    sends = [k for k in common if full.steps[k][0]]
+    silent = [k for k in common if not full.steps[k][0]]
+
+    def accepted(rec: Recorder, keys) -> float:
+        return float(np.mean([rec.steps[k][1] for k in keys])) if keys else 0.0
+
+    took = np.array([base.steps[k][1] for k in silent], dtype=int)
+    p, hit = (np.array(x) for x in zip(*full.passed_over)) if full.passed_over \
+        else (np.zeros(0), np.zeros(0, bool))
+    bands = []
+    for lo, hi in zip(BANDS, BANDS[1:]):
+        inside = (p >= lo) & ((p < hi) if hi < 1.0 else (p <= hi))
+        if inside.any():
+            bands.append({"band": [lo, hi], "candidates": int(inside.sum()),
+                          "predicted": round(float(p[inside].mean()), 3),
+                          "first_token_right": round(float(hit[inside].mean()), 3)})
+    return {
+        "aligned_positions": len(common),
+        "full_drafts": {"steps": len(sends), "full_accepted_per_step": accepted(full, sends),
+                        "base_accepted_per_step": accepted(base, sends)},
+        "full_sends_nothing": {
+            "steps": len(silent), "base_accepted_per_step": accepted(base, silent),
+            "base_took": {"0": int((took == 0).sum()), "1": int((took == 1).sum()),
+                          "2+": int((took >= 2).sum())}},
+        "passed_over_calibration": bands,
+    }
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--traces", type=Path, nargs="+", required=True)
+    ap.add_argument("--sessions", type=int, default=20)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--lambda", dest="lam", type=float, default=0.2)
+    ap.add_argument("--base", default="suffix", help="the method full is set beside")
+    ap.add_argument("--structure", default=None)
+    ap.add_argument("--model", default=None)
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args(argv)
+    run = load_bench("replay", args.traces, sessions=args.sessions, seed=args.seed,
+                     methods=f"full,{args.base}", batch=str(args.batch), model=args.model,
+                     cost_profile=None, lam=args.lam, kmax=None, structure=args.structure,
+                     profile_sessions=60, split=True, dtype=None, urls=(None, None),
+                     outputs=None, save_outputs=None)
+    full, base = (Recorder(make_drafter(name, run.setup)) for name in ("full", args.base))
+    for rec in (full, base):
+        replay(run.tokenized, rec, batch=args.batch)
+    report = {"traces": [str(t) for t in args.traces], "sessions": len(run.tokenized),
+              "seed": args.seed, "batch": args.batch, "lambda": args.lam, "base": args.base,
+              **compare(full, base)}
+    d, s = report["full_drafts"], report["full_sends_nothing"]
+    print(f"{report['aligned_positions']} output positions where both methods start a step")
+    print(f"full drafts at {d['steps']}: accepted a step, full {d['full_accepted_per_step']:.3f}"
+          f", {args.base} {d['base_accepted_per_step']:.3f}")
+    print(f"full sends nothing at {s['steps']}: {args.base} accepted "
+          f"{s['base_accepted_per_step']:.3f} a step (took 0 / 1 / 2+ tokens: "
+          f"{s['base_took']['0']} / {s['base_took']['1']} / {s['base_took']['2+']})")
+    print("full's candidates there, by predicted first-token probability:")
+    for b in report["passed_over_calibration"]:
+        print(f"  [{b['band'][0]:.1f}, {b['band'][1]:.1f}]: {b['candidates']:6d} candidates, "
+              f"predicted {b['predicted']:.3f}, right {b['first_token_right']:.3f}")
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=1) + "\n")
+    return report
+
+
+if __name__ == "__main__":
+    main()
