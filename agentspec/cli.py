@@ -129,10 +129,10 @@ def bench(
         fail(f"unknown option {next(a for a in extra if a.startswith('-'))}")
     try:
         run = load_bench(backend, list(traces) + [Path(a) for a in extra], sessions=sessions,
-                          seed=seed, methods=methods, batch=batch, model=model,
-                          cost_profile=cost_profile, lam=lam, kmax=kmax, structure=structure,
-                          profile_sessions=profile_sessions, split=split, dtype=dtype,
-                          urls=(url, plain_url), outputs=outputs, save_outputs=save_outputs)
+                         seed=seed, methods=methods, batch=batch, model=model,
+                         cost_profile=cost_profile, lam=lam, kmax=kmax, structure=structure,
+                         profile_sessions=profile_sessions, split=split, dtype=dtype,
+                         urls=(url, plain_url), outputs=outputs, save_outputs=save_outputs)
     except _user_errors() as e:
         fail(str(e))
     BENCH_BACKENDS[backend](run, json_out=json_out, plot_out=plot_out, max_tokens=max_tokens,
@@ -157,8 +157,8 @@ class BenchRun:
 
 
 def load_bench(backend: str, traces: list[Path], *, sessions, seed, methods, batch, model,
-                cost_profile, lam, kmax, structure, profile_sessions, split, dtype,
-                urls, outputs, save_outputs) -> BenchRun:
+               cost_profile, lam, kmax, structure, profile_sessions, split, dtype,
+               urls, outputs, save_outputs) -> BenchRun:
     """Check the options, read and split the traces, tokenize, profile Kmax: a BenchRun."""
     from agentspec.models import resolve
     from agentspec.bench import (BenchError, BenchSetup, parse_batches, parse_methods,
