@@ -13,13 +13,19 @@ accepted, and lines the two methods' steps up by the output position they start 
   bands under the plan's price are drafts that would not have paid: a higher AL from them would
   cost speed.
 
+With `--frontier`, what that AL would cost: `full` planned for each cheaper draft price given
+(its plan's lambda; the run is still priced at --lambda), its AL, rejected draft tokens and
+modeled speedup beside the baseline's. Where its AL reaches the baseline's, the speedup it has
+left says whether both can be had from what `full` predicts now.
+
     .venv/bin/python scripts/al_gap.py --traces ../shared/traces/sweagent-gpt4-run-1.jsonl.gz \\
-        --sessions 32 --seed 7
+        --sessions 32 --seed 7 --frontier 0.16,0.12,0.1
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -31,6 +37,7 @@ sys.path.insert(0, str(ROOT))
 
 from agentspec.bench import make_drafter  # noqa: E402
 from agentspec.cli import load_bench  # noqa: E402
+from agentspec.metrics import Meter  # noqa: E402
 from agentspec.policy import CostAware, Policy  # noqa: E402
 from agentspec.replay import replay  # noqa: E402
 
@@ -101,6 +108,29 @@ def compare(full: Recorder, base: Recorder) -> dict:
     }
 
 
+def frontier(run, base: Meter, full: Meter, plans: list[float], batch: int, lam: float
+             ) -> list[dict]:
+    """`full` planned for each draft price in `plans`, priced at `lam`: per plan, its AL,
+    rejected draft tokens per output token and modeled speedup, and their ratios to the
+    baseline's. The first rows: the baseline, and `full` planned for `lam`, as measured."""
+    plain = replay(run.tokenized, make_drafter("plain", run.setup), batch=batch)
+
+    def row(meter, plan) -> dict:
+        rep = meter.report(plain, [lam])
+        return {"plan_lambda": plan, "al": rep["al"],
+                "rejected_per_token": rep["rejected_per_token"],
+                "speedup": rep["modeled_speedup"][str(lam)]}
+
+    rows = [row(base, None), row(full, lam)]
+    for plan in plans:
+        setup = dataclasses.replace(run.setup, lam=plan)
+        rows.append(row(replay(run.tokenized, make_drafter("full", setup), batch=batch), plan))
+    for r in rows[1:]:
+        r["al_ratio"] = round(r["al"] / rows[0]["al"], 4)
+        r["speedup_ratio"] = round(r["speedup"] / rows[0]["speedup"], 4)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--traces", type=Path, nargs="+", required=True)
@@ -112,18 +142,25 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--structure", default=None)
     ap.add_argument("--model", default=None)
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--frontier", default="",
+                    help="comma-separated draft prices to plan full for (see above)")
     args = ap.parse_args(argv)
+    try:
+        plans = [float(x) for x in args.frontier.split(",") if x.strip()]
+    except ValueError:
+        ap.error(f"--frontier {args.frontier!r}: not a comma-separated list of numbers")
     run = load_bench("replay", args.traces, sessions=args.sessions, seed=args.seed,
                      methods=f"full,{args.base}", batch=str(args.batch), model=args.model,
                      cost_profile=None, lam=args.lam, kmax=None, structure=args.structure,
                      profile_sessions=60, split=True, dtype=None, urls=(None, None),
                      outputs=None, save_outputs=None)
     full, base = (Recorder(make_drafter(name, run.setup)) for name in ("full", args.base))
-    for rec in (full, base):
-        replay(run.tokenized, rec, batch=args.batch)
+    full_meter, base_meter = (replay(run.tokenized, rec, batch=args.batch) for rec in (full, base))
     report = {"traces": [str(t) for t in args.traces], "sessions": len(run.tokenized),
               "seed": args.seed, "batch": args.batch, "lambda": args.lam, "base": args.base,
               **compare(full, base)}
+    if plans:
+        report["frontier"] = frontier(run, base_meter, full_meter, plans, args.batch, args.lam)
     d, s = report["full_drafts"], report["full_sends_nothing"]
     print(f"{report['aligned_positions']} output positions where both methods start a step")
     print(f"full drafts at {d['steps']}: accepted a step, full {d['full_accepted_per_step']:.3f}"
@@ -135,6 +172,12 @@ def main(argv: list[str] | None = None) -> dict:
     for b in report["passed_over_calibration"]:
         print(f"  [{b['band'][0]:.1f}, {b['band'][1]:.1f}]: {b['candidates']:6d} candidates, "
               f"predicted {b['predicted']:.3f}, right {b['first_token_right']:.3f}")
+    for r in report.get("frontier", []):
+        who = args.base if r["plan_lambda"] is None else f"full planned for λ{r['plan_lambda']}"
+        ratios = "" if r["plan_lambda"] is None else \
+            f"  ({r['al_ratio']:.3f}x / {r['speedup_ratio']:.3f}x {args.base}'s)"
+        print(f"{who:28s} AL {r['al']:.3f}, rejected {r['rejected_per_token']:.3f}, "
+              f"λ{args.lam} speedup {r['speedup']:.3f}{ratios}")
     if args.json:
         args.json.write_text(json.dumps(report, indent=1) + "\n")
     return report

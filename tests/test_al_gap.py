@@ -58,3 +58,24 @@ def test_where_no_draft_pays_every_candidate_is_passed_over(gap, trace, tiny_mod
                        "--lambda", "5"])
     assert report["full_drafts"]["steps"] == 0
     assert sum(b["candidates"] for b in report["passed_over_calibration"]) > 0
+
+
+def test_the_frontier_plans_full_cheaper_and_prices_it_the_same(gap, trace, tiny_model_dir,
+                                                               capsys):
+    # planned for a price of 0, full sends every candidate: more draft tokens, each one
+    # still priced at the run's lambda
+    report = gap.main(["--traces", str(trace), "--model", str(tiny_model_dir),
+                       "--frontier", "0.0"])
+    base, at_lam, free = report["frontier"]
+    assert (base["plan_lambda"], at_lam["plan_lambda"], free["plan_lambda"]) == (None, 0.2, 0.0)
+    assert free["rejected_per_token"] >= at_lam["rejected_per_token"]
+    assert free["al"] >= at_lam["al"]
+    assert free["al_ratio"] == round(free["al"] / base["al"], 4)
+    assert "full planned for λ0.0" in capsys.readouterr().out
+
+
+def test_a_bad_frontier_is_named(gap, trace, capsys):
+    with pytest.raises(SystemExit):
+        gap.main(["--traces", str(trace), "--frontier", "0.1,cheap"])
+    assert "--frontier '0.1,cheap': not a comma-separated list of numbers" \
+        in capsys.readouterr().err
