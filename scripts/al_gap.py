@@ -123,6 +123,7 @@ def frontier(run, base: Meter, full: Meter, plans: list[float], batch: int, lam:
 
     rows = [row(base, None), row(full, lam)]
     for plan in plans:
+        # only the plan's price moves: the Kmax prior and the past outputs stay the run's
         setup = dataclasses.replace(run.setup, lam=plan)
         rows.append(row(replay(run.tokenized, make_drafter("full", setup), batch=batch), plan))
     for r in rows[1:]:
