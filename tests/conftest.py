@@ -101,6 +101,13 @@ def write_jsonl(path: Path, objs: list) -> Path:
     return path
 
 
+@pytest.fixture
+def trace(tmp_path):
+    """A trace file of 8 sessions, each of its own task (the bench splits by task)."""
+    return write_jsonl(tmp_path / "t.jsonl", [session_obj(f"s{i}", task=f"task{i}")
+                                              for i in range(8)])
+
+
 def random_init(model, seed: int):
     """Random MLX weights large enough that greedy output varies (default init repeats a token)."""
     import mlx.core as mx

@@ -6,18 +6,12 @@ import json
 
 import pytest
 
-from conftest import load_script, session_obj, write_jsonl
+from conftest import load_script
 
 
 @pytest.fixture(scope="module")
 def gap():
     return load_script("al_gap")
-
-
-@pytest.fixture
-def trace(tmp_path):
-    return write_jsonl(tmp_path / "t.jsonl", [session_obj(f"s{i}", task=f"task{i}")
-                                              for i in range(8)])
 
 
 def test_the_recorder_sees_every_step_and_changes_none(gap, trace, tiny_model_dir):

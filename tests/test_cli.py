@@ -9,12 +9,6 @@ from conftest import session_obj, write_jsonl
 runner = CliRunner()
 
 
-@pytest.fixture
-def trace(tmp_path):
-    return write_jsonl(tmp_path / "t.jsonl", [session_obj(f"s{i}", task=f"task{i}")
-                                              for i in range(8)])
-
-
 def bench(*args, model):
     return runner.invoke(app, ["bench", "--model", str(model), *map(str, args)])
 
