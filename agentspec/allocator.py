@@ -125,10 +125,7 @@ NO_IDS = np.zeros(0, dtype=np.int64)  # a draft without its tokens: no offsets
 
 def draft_ids(before: int, tokens: Sequence[int]) -> np.ndarray:
     """What the offsets of a draft are read with: the token before it, then its tokens."""
-    ids = np.empty(len(tokens) + 1, dtype=np.int64)
-    ids[0] = before
-    ids[1:] = tokens
-    return ids
+    return np.array([before, *tokens], dtype=np.int64)
 
 
 def token_keys(ids: np.ndarray) -> np.ndarray:

@@ -823,12 +823,13 @@ def frequent_drafts(session: Corpus, outputs: Corpus | None, context, k: int,
     its last m tokens lie in the open document (as a suffix tree over the text being written
     does). Both corpora index the same lengths (`Corpus(min_context=1)` reads one-token
     contexts)."""
-    for corpus in (session, outputs):
-        if corpus is not None and corpus._indexed < corpus._n:
-            corpus.flush()
-    if outputs is not None and (outputs.levels, outputs.max_match) \
-            != (session.levels, session.max_match):
-        raise ValueError("frequent_drafts: both corpora need the same levels and max_match")
+    if session._indexed < session._n:
+        session.flush()
+    if outputs is not None:
+        if outputs._indexed < outputs._n:
+            outputs.flush()
+        if outputs.levels != session.levels or outputs.max_match != session.max_match:
+            raise ValueError("frequent_drafts: both corpora need the same levels and max_match")
     ctx = session._context(context)
     if len(ctx) < session.levels[0] or k <= 0:
         return NO_DRAFT, NO_DRAFT
@@ -843,17 +844,9 @@ def frequent_drafts(session: Corpus, outputs: Corpus | None, context, k: int,
                              np.uint32(_KEY_MASK), occurrences, k, max_context, min_prob,
                              SHARE_EDGES, EVIDENCE_EDGES,
                              _NO_WORTH if worth is None else worth, found, found_tokens)
-        header, drafts = found[:6].tolist(), []
-        for d in range(2):
-            length, m, score = int(header[3 * d]), int(header[3 * d + 1]), header[3 * d + 2]
-            if not m:
-                drafts.append(NO_DRAFT)
-                continue
-            ints = found_tokens[3 * d * k : 3 * d * k + 3 * length].tolist()
-            probs = found[6 + d * k : 6 + d * k + length].tolist()
-            drafts.append(FrequencyDraft(ints[:length], probs, ints[length : 2 * length],
-                                         ints[2 * length :], m, score))
-        return drafts[0], drafts[1]
+        header = found[:6].tolist()
+        return _found_draft(found, found_tokens, header, 0, k), \
+            _found_draft(found, found_tokens, header, 1, k)
     L, levels = len(ctx), session.levels
     keys = _key(session._qmat[:, session._W - L :] @ ctx.astype(np.uint64))
     best = [NO_DRAFT, NO_DRAFT]
@@ -890,6 +883,18 @@ def frequent_drafts(session: Corpus, outputs: Corpus | None, context, k: int,
 
 
 _NO_WORTH = np.zeros((0, 0, 0))  # (the kernel's "no table")
+
+
+def _found_draft(found: np.ndarray, found_tokens: np.ndarray, header: list, d: int, k: int
+                 ) -> FrequencyDraft:
+    """Draft d as the compiled search wrote it (see `_match_nb.frequent`)."""
+    length, m = int(header[3 * d]), int(header[3 * d + 1])
+    if not m:
+        return NO_DRAFT
+    at = 3 * d * k
+    ints = found_tokens[at : at + 3 * length].tolist()
+    return FrequencyDraft(ints[:length], found[6 + d * k : 6 + d * k + length].tolist(),
+                          ints[length : 2 * length], ints[2 * length :], m, header[3 * d + 2])
 
 
 _buffers = threading.local()
