@@ -384,6 +384,41 @@ def frequent(s_runs, s_tail_keys, s_tail_pos, s_tail_len, s_head, s_prev, s_buf,
 
 
 @njit(cache=True)
+def frequent_candidate(s_runs, s_tail_keys, s_tail_pos, s_tail_len, s_head, s_prev, s_buf,
+                       s_open, open_len, g_runs, g_tail_keys, g_tail_pos, g_tail_len, g_head,
+                       g_prev, g_buf, with_g, context, pw, levels, mask, want, k, max_context,
+                       min_prob, share_edges, evidence_edges, worth, found, found_tokens,
+                       session_text, kinds, token_classes, prefix_ids, prefix_rows, ids, rows):
+    """`frequent`, then the one of its two drafts a policy drafts, written as a candidate:
+    the draft from s where `session_text` and it scores higher, else the one from every
+    output. ids: prefix_ids (the token before the draft, then any tokens the draft goes on
+    from), then the draft's tokens; rows: prefix_rows, then each draft token's row, its
+    kind (kinds[0] from s, kinds[1] from every output, by frequency class) plus its token
+    class (token_classes, ids past it taking its last; empty: none). Returns (draft
+    tokens written, context length m, from s); m = 0: no draft."""
+    frequent(s_runs, s_tail_keys, s_tail_pos, s_tail_len, s_head, s_prev, s_buf, s_open,
+             open_len, g_runs, g_tail_keys, g_tail_pos, g_tail_len, g_head, g_prev, g_buf,
+             with_g, context, pw, levels, mask, want, k, max_context, min_prob, share_edges,
+             evidence_edges, worth, found, found_tokens)
+    d = 0 if session_text and found[2] > found[5] else 1
+    length, m = np.int64(found[3 * d]), np.int64(found[3 * d + 1])
+    if m == 0:
+        return 0, 0, d == 0
+    p = len(prefix_rows)
+    ids[: p + 1] = prefix_ids
+    rows[:p] = prefix_rows
+    at = 3 * d * k
+    for j in range(length):
+        token = found_tokens[at + j]
+        row = kinds[d, found_tokens[at + 2 * length + j]]
+        if len(token_classes):
+            row += token_classes[min(token, len(token_classes) - 1)]
+        ids[p + 1 + j] = token
+        rows[p + j] = row
+    return length, m, d == 0
+
+
+@njit(cache=True)
 def _frequency_class(share, evidence, share_edges, evidence_edges):
     """One token's class, as agentspec.frequency.frequency_classes gives it."""
     band = 0

@@ -823,30 +823,19 @@ def frequent_drafts(session: Corpus, outputs: Corpus | None, context, k: int,
     its last m tokens lie in the open document (as a suffix tree over the text being written
     does). Both corpora index the same lengths (`Corpus(min_context=1)` reads one-token
     contexts)."""
-    if session._indexed < session._n:
-        session.flush()
-    if outputs is not None:
-        if outputs._indexed < outputs._n:
-            outputs.flush()
-        if outputs.levels != session.levels or outputs.max_match != session.max_match:
-            raise ValueError("frequent_drafts: both corpora need the same levels and max_match")
-    ctx = session._context(context)
-    if len(ctx) < session.levels[0] or k <= 0:
+    ctx = _frequent_context(session, outputs, context, k)
+    if ctx is None:
         return NO_DRAFT, NO_DRAFT
-    s_open = session._open_start()
-    open_len = session._n - s_open  # (a document holds no boundary)
-    if session._nb is not None and (outputs is None or outputs._nb is not None):
-        g = outputs if outputs is not None else session
+    if _compiled(session, outputs):
         k = int(k)
         found, found_tokens = _frequent_buffers(k)
-        session._nb.frequent(*session._nb_state(), s_open, open_len, *g._nb_state(),
-                             outputs is not None, ctx, session._pw, session._levels_arr,
-                             np.uint32(_KEY_MASK), occurrences, k, max_context, min_prob,
-                             SHARE_EDGES, EVIDENCE_EDGES,
-                             _NO_WORTH if worth is None else worth, found, found_tokens)
+        session._nb.frequent(*_frequent_args(session, outputs, ctx, k, max_context, occurrences,
+                                             min_prob, worth), found, found_tokens)
         header = found[:6].tolist()
         return _found_draft(found, found_tokens, header, 0, k), \
             _found_draft(found, found_tokens, header, 1, k)
+    s_open = session._open_start()
+    open_len = session._n - s_open  # (a document holds no boundary)
     L, levels = len(ctx), session.levels
     keys = _key(session._qmat[:, session._W - L :] @ ctx.astype(np.uint64))
     best = [NO_DRAFT, NO_DRAFT]
@@ -883,6 +872,79 @@ def frequent_drafts(session: Corpus, outputs: Corpus | None, context, k: int,
 
 
 _NO_WORTH = np.zeros((0, 0, 0))  # (the kernel's "no table")
+
+
+def frequent_candidate(session: Corpus, outputs: Corpus | None, context, k: int,
+                       kinds: np.ndarray, token_classes: np.ndarray, prefix_ids: np.ndarray,
+                       prefix_rows: np.ndarray, session_text: bool = True,
+                       max_context: int = 8, occurrences: int = 16, min_prob: float = 0.1,
+                       worth: np.ndarray | None = None
+                       ) -> tuple[list[int], int, np.ndarray, np.ndarray] | None:
+    """The draft a policy takes of `frequent_drafts`' two (the session's text's where
+    `session_text` and it scores higher, else every output's) as the policy's acceptance
+    model reads it: (tokens, context length m, ids, rows). ids: prefix_ids (the token before
+    the draft, then the tokens of a draft it continues), then its tokens; rows: prefix_rows,
+    then each token's kind (kinds[0] from the session's text, kinds[1] from every output,
+    by frequency class) plus its token class (`token_classes`, ids past it taking its last;
+    empty: none). None: no draft. Compiled, the search and all of this are one call."""
+    ctx = _frequent_context(session, outputs, context, k)
+    if ctx is None:
+        return None
+    if _compiled(session, outputs):
+        k, p = int(k), len(prefix_rows)
+        found, found_tokens = _frequent_buffers(k)
+        ids, rows = np.empty(p + 1 + k, dtype=np.int64), np.empty(p + k, dtype=np.int64)
+        length, m, _ = session._nb.frequent_candidate(
+            *_frequent_args(session, outputs, ctx, k, max_context, occurrences, min_prob, worth),
+            found, found_tokens, session_text, kinds, token_classes, prefix_ids, prefix_rows,
+            ids, rows)
+        if not m:
+            return None
+        return ids[p + 1 : p + 1 + length].tolist(), int(m), ids[: p + 1 + length], \
+            rows[: p + length]
+    local, every = frequent_drafts(session, outputs, ctx, k, max_context, occurrences, min_prob,
+                                   worth)
+    from_session = session_text and local.score > every.score
+    d = local if from_session else every
+    if not d.tokens:
+        return None
+    rows = kinds[0 if from_session else 1].take(d.classes)
+    if len(token_classes):
+        rows = rows + token_classes.take(d.tokens, mode="clip")
+    return d.tokens, d.match_len, np.concatenate((prefix_ids, d.tokens)).astype(np.int64), \
+        np.concatenate((prefix_rows, rows)).astype(np.int64)
+
+
+def _frequent_context(session: Corpus, outputs: Corpus | None, context, k: int
+                      ) -> np.ndarray | None:
+    """The context as the search reads it, both corpora indexed up to their last token;
+    None where no draft can follow (a context under the shortest indexed length, or k <= 0)."""
+    if session._indexed < session._n:
+        session.flush()
+    if outputs is not None:
+        if outputs._indexed < outputs._n:
+            outputs.flush()
+        if outputs.levels != session.levels or outputs.max_match != session.max_match:
+            raise ValueError("frequent_drafts: both corpora need the same levels and max_match")
+    ctx = session._context(context)
+    return None if len(ctx) < session.levels[0] or k <= 0 else ctx
+
+
+def _compiled(session: Corpus, outputs: Corpus | None) -> bool:
+    return session._nb is not None and (outputs is None or outputs._nb is not None)
+
+
+def _frequent_args(session: Corpus, outputs: Corpus | None, ctx: np.ndarray, k: int,
+                   max_context: int, occurrences: int, min_prob: float,
+                   worth: np.ndarray | None) -> tuple:
+    """What `_match_nb.frequent` reads, up to its output buffers (without outputs, the
+    session stands in for them, unread)."""
+    s_open = session._open_start()
+    g = outputs if outputs is not None else session
+    return (*session._nb_state(), s_open, session._n - s_open, *g._nb_state(),
+            outputs is not None, ctx, session._pw, session._levels_arr, np.uint32(_KEY_MASK),
+            occurrences, k, max_context, min_prob, SHARE_EDGES, EVIDENCE_EDGES,
+            _NO_WORTH if worth is None else worth)
 
 
 def _found_draft(found: np.ndarray, found_tokens: np.ndarray, header: list, d: int, k: int

@@ -21,7 +21,7 @@ mechanisms on and names two small strategy objects, composed per rung by `ladder
   continuation of the last few tokens over all outputs or over this session's own text
   (each source's path, and the source, the one the acceptance model expects more accepted
   tokens of; read from G and S, whose index then starts at one-token contexts:
-  `agentspec.frequency`, `match.frequent_drafts`; G then feeds this draft alone); each
+  `agentspec.frequency`, `match.frequent_candidate`; G then feeds this draft alone); each
   step drafts whichever of the two gains more under the cost model (a frequency path sent
   to its end, with the path after it where that gains more). Each draft token's
   curve knows what kind of token it is, and its words move it (learned offsets per token,
@@ -43,15 +43,16 @@ from agentspec.allocator import (NO_IDS, AcceptanceModel, agentspec_lengths, dra
 from agentspec.controller import Controller, KmaxTable
 from agentspec.costs import linear_costs
 from agentspec.drafter import FILE, OUTPUT, PROMPT, Request
-from agentspec.frequency import FREQUENCY_CLASSES, FrequencyDraft
+from agentspec.frequency import FREQUENCY_CLASSES
 from agentspec.learned_costs import LearnedCosts
-from agentspec.match import TAIL_MAX, Corpus, Match, context_ids, frequent_drafts
+from agentspec.match import TAIL_MAX, Corpus, Match, context_ids, frequent_candidate
 from agentspec.structure import BlockTracker, StructureError, parse_structure
 
 WORTH_EVERY = 128  # drafts of a role between two reads of its curves by path_worth
 EXTENSIONS = 2  # how many times a frequency path drafted to its end may be continued
 _kernels_ready = False  # see warm_up
 NO_MATCH = Match(length=0, tokens=[], candidates=0, agree=0, agreed=0, position=-1)
+NO_ROWS = np.zeros(0, dtype=np.int64)  # (a frequency path that continues none)
 
 
 def _check(strategy, field_: str, ok: bool, why: str) -> None:
@@ -207,25 +208,28 @@ class CostAware:
             found.append(self._candidate(policy, m.tokens[:max_k], m.length,
                                          policy.acceptance.kind(source), before))
         if self.frequency and policy.config.session:
-            session, d = self._frequent(policy, r, policy.running[r.id].context, max_k)
-            kinds = policy.session_frequency_kinds if session else policy.frequency_kinds
-            if d.tokens:
-                found.append(self._candidate(policy, d.tokens, d.match_len,
-                                             kinds.take(d.classes), before, frequency=True))
+            c = self._frequent(policy, r, policy.running[r.id].context, max_k, 0,
+                               np.array([before], dtype=np.int64), NO_ROWS)
+            if c is not None:
+                found.append(c)
         return found
 
-    def _frequent(self, policy: Policy, r: Request, context: np.ndarray, k: int
-                  ) -> tuple[bool, FrequencyDraft]:
-        """(from the session's text, the draft): as SuffixDecoding, the most frequent path of
-        at most k tokens over all outputs (G's and the one being written) or over the
-        session's text, whichever scores higher (with `learned_paths`, the one the served
-        model is expected to take more of; a tie to all outputs)."""
-        local, frequent = frequent_drafts(
-            policy.sessions[r.session].s, policy.g, context, k,
+    def _frequent(self, policy: Policy, r: Request, context: np.ndarray, k: int, depth: int,
+                  prefix_ids: np.ndarray, prefix_rows: np.ndarray) -> Candidate | None:
+        """As SuffixDecoding, the most frequent path of at most k tokens over all outputs (G's
+        and the one being written) or over the session's text, whichever scores higher (with
+        `learned_paths`, the one the served model is expected to take more of; a tie to all
+        outputs), as a candidate whose tokens have the kinds of their source and frequency
+        class at this extension depth (0: a path of its own). prefix_ids and prefix_rows: the
+        token before it, or the ids and rows of the path it continues. None: no path."""
+        found = frequent_candidate(
+            policy.sessions[r.session].s, policy.g, context, k, policy.frequency_kind_tables[depth],
+            policy.token_classes, prefix_ids, prefix_rows, session_text=self.session_text,
             worth=policy.path_worth(r.role) if self.learned_paths else None)
-        if self.session_text and local.score > frequent.score:
-            return True, local
-        return False, frequent
+        if found is None:
+            return None
+        tokens, m, ids, rows = found
+        return Candidate(tokens, m, rows, ids if self.token_bias else NO_IDS, frequency=True)
 
     def _extended(self, policy: Policy, r: Request, c: Candidate, depth: int
                   ) -> Candidate | None:
@@ -237,22 +241,20 @@ class CostAware:
         max_k = policy.config.max_k
         # the step's context (already ids) with c's tokens after it
         context = context_ids(np.concatenate((policy.running[r.id].context, c.tokens))[-max_k:])
-        session, d = self._frequent(policy, r, context, max_k - len(c.tokens))
-        if not d.tokens:
+        # (without token offsets c has no ids: the continuation's are not read either)
+        prefix_ids = c.ids if len(c.ids) else np.zeros(len(c.tokens) + 1, dtype=np.int64)
+        longer = self._frequent(policy, r, context, max_k - len(c.tokens), depth + 1,
+                                prefix_ids, c.rows)
+        if longer is None:
             return None
-        kinds = policy.extension_kinds[2 * depth + int(not session)].take(d.classes)
-        tokens = c.tokens + d.tokens
-        ids = draft_ids(c.ids[0], tokens) if self.token_bias else NO_IDS
-        return Candidate(tokens, c.m, np.concatenate([c.rows, policy.rows(kinds, d.tokens)]),
-                         ids, frequency=True)
+        return replace(longer, tokens=c.tokens + longer.tokens, m=c.m)
 
-    def _candidate(self, policy: Policy, tokens: list[int], m: int, kinds: int | np.ndarray,
-                   before: int, frequency: bool = False) -> Candidate:
-        """A candidate of these tokens after a context of m matched tokens, whose rows are of
-        `kinds` (one kind, or each token's); `before`: the token the draft follows."""
+    def _candidate(self, policy: Policy, tokens: list[int], m: int, kind: int, before: int
+                   ) -> Candidate:
+        """A copy of these tokens after a context of m matched tokens, its rows of `kind`;
+        `before`: the token the draft follows."""
         ids = draft_ids(before, tokens) if self.token_bias else NO_IDS
-        return Candidate(tokens, m, policy.rows(kinds, ids[1:] if self.token_bias else tokens),
-                         ids, frequency)
+        return Candidate(tokens, m, policy.rows(kind, ids[1:] if self.token_bias else tokens), ids)
 
     def observe(self, policy: Policy, request: Request, drafted: int, accepted: int) -> None:
         # candidates are scored against what the target wrote: all of them, drafted or not
@@ -491,20 +493,23 @@ class Policy:
         for tokens in global_seed if self.g is not None else ():
             self.g.extend(tokens)
             self.g.end_document()
-        # each token's class (see allocator.MODIFIERS); all one class without a tokenizer
+        # each token's class (see allocator.MODIFIERS); all one class (empty) without a
+        # tokenizer
         self.token_classes = token_classes(token_bytes) \
-            if token_bytes and cost.token_classes else None
+            if token_bytes and cost.token_classes else np.zeros(0, dtype=np.intp)
         self._worth: dict[str, tuple[int, np.ndarray]] = {}  # see path_worth
-        # the acceptance model's kind of each frequency class, from G and from S
+        # the acceptance model's kind of each frequency class, from G and from S; by
+        # extension depth, from S and from G: 0 for a path of its own, then the paths that
+        # continue one (CostAware.extend: "+SF<.8x2", "++F1x4", ...)
         self.frequency_kinds, self.session_frequency_kinds = (
             np.array([self.acceptance.kind(source + k) for k in FREQUENCY_CLASSES])
             for source in ("", "S")) if cost.frequency else (None, None)
-        # the same for the paths that continue a frequency path (CostAware.extend): per
-        # extension, from S and from G ("+SF<.8x2", "++F1x4", ...)
-        self.extension_kinds = [np.array([self.acceptance.kind("+" * depth + source + k)
-                                          for k in FREQUENCY_CLASSES])
-                                for depth in range(1, EXTENSIONS + 1) for source in ("S", "")] \
-            if cost.extend else None
+        self.frequency_kind_tables = [np.stack([self.session_frequency_kinds,
+                                                self.frequency_kinds])] if cost.frequency else []
+        for depth in range(1, EXTENSIONS + 1) if cost.extend else ():
+            self.frequency_kind_tables.append(np.array(
+                [[self.acceptance.kind("+" * depth + source + k) for k in FREQUENCY_CLASSES]
+                 for source in ("S", "")]))
         warm_up(token_bytes)
 
     def _corpus(self, max_tokens: int) -> Corpus:
@@ -671,7 +676,7 @@ class Policy:
 
     def rows(self, kinds: int | np.ndarray, tokens: list[int]) -> np.ndarray:
         """Each draft token's row in the acceptance model: its kind, alone, and its class."""
-        if self.token_classes is None:
+        if not len(self.token_classes):
             return np.zeros(len(tokens), dtype=np.intp) + kinds
         # (ids past the tokenizer's table, if any, take its last class)
         return kinds + self.token_classes.take(tokens, mode="clip")

@@ -540,6 +540,42 @@ def test_frequent_drafts_match_the_reference(nb, session_texts, output_texts, co
             setattr(match_mod, name, value)
 
 
+@pytest.mark.parametrize("nb", ENGINES)
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_texts(3), _texts(4), st.lists(st.integers(0, 3), max_size=12), st.integers(1, 6),
+       st.booleans(), st.booleans(), st.lists(st.integers(0, 5), max_size=4), st.booleans())
+def test_a_frequent_candidate_is_the_draft_a_policy_takes_as_it_reads_it(
+        nb, session_texts, output_texts, context, k, with_outputs, session_text, prefix,
+        with_classes):
+    with using(nb):
+        corpora = [Corpus(min_context=1, max_match=12, tail_max=9) for _ in range(2)]
+    for texts, corpus in zip((session_texts, output_texts), corpora):
+        for tokens, ends in texts:
+            corpus.extend(tokens)
+            if ends:
+                corpus.end_document()
+    outputs = corpora[1] if with_outputs else None
+    kinds = np.arange(2 * len(FREQUENCY_CLASSES)).reshape(2, -1) * 4  # from S, from every output
+    token_classes = np.array([0, 1, 2], dtype=np.intp) if with_classes \
+        else np.zeros(0, dtype=np.intp)  # (token 3 takes the last class)
+    prefix_ids = np.array([9, *prefix], dtype=np.int64)  # the token before, a path continued
+    prefix_rows = np.arange(len(prefix), dtype=np.int64) + 1000
+    got = match_mod.frequent_candidate(corpora[0], outputs, context, k, kinds, token_classes,
+                                       prefix_ids, prefix_rows, session_text=session_text)
+    local, every = match_mod.frequent_drafts(corpora[0], outputs, context, k)
+    source = 0 if session_text and local.score > every.score else 1
+    draft = (local, every)[source]
+    if not draft.tokens:
+        assert got is None
+        return
+    tokens, m, ids, rows = got
+    assert (tokens, m) == (draft.tokens, draft.match_len)
+    assert ids.tolist() == [9, *prefix, *draft.tokens]
+    assert rows.tolist() == [*prefix_rows.tolist(), *(
+        kinds[source, c] + (token_classes[min(t, 2)] if with_classes else 0)
+        for t, c in zip(draft.tokens, draft.classes))]
+
+
 def test_a_frequent_path_follows_the_majority_and_counts_the_unwritten_context(engine):
     session, outputs = Corpus(min_context=1), Corpus(min_context=1)
     for tail in ([7, 8], [7, 8], [7, 9]):

@@ -506,7 +506,7 @@ def test_building_a_policy_compiles_the_kernels_its_steps_call():
     # building its drafter; no kernel may be left to compile in them
     code = ("from agentspec.policy import Policy, ladder\n"
             "from agentspec import _accept_nb, _match_nb\n"
-            "kernels = [_match_nb.lookup, _match_nb.frequent, _match_nb.index_tail,\n"
+            "kernels = [_match_nb.lookup, _match_nb.frequent_candidate, _match_nb.index_tail,\n"
             "           _match_nb.link_tail, _match_nb.entry_keys,\n"
             "           _accept_nb.best_length, _accept_nb.expected, _accept_nb.observe]\n"
             "assert not any(k.signatures for k in kernels)\n"
