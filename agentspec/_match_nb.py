@@ -142,9 +142,13 @@ def _chain(head, prev, i, t, key):
 
 @njit(cache=True)
 def lookup(runs, tail_keys, tail_pos, tail_len, head, prev, buf, context, pw, levels, first,
-           mask, want, k):
-    """Corpus.match once the context is int32 and long enough: (m, chosen, candidates,
-    agree, agreed, n), the continuation being buf[chosen : chosen + n]; m = 0: no match."""
+           mask, want, k, a, b):
+    """Corpus.match once the context is int32 and long enough, after indexing buf[a:b] into
+    the tail (`index_tail`; the tail has room for them): (m, chosen, candidates, agree,
+    agreed, n, the tail's length), the continuation being buf[chosen : chosen + n]; m = 0:
+    no match."""
+    tail_len = index_tail(buf, a, b, pw, levels, mask, tail_keys, tail_pos, tail_len, head,
+                          prev)
     ctx = np.where(context < 0, _NEVER, context).astype(np.int32)  # never a token or boundary
     L = len(ctx)
     top = 0
@@ -159,8 +163,8 @@ def lookup(runs, tail_keys, tail_pos, tail_len, head, prev, buf, context, pw, le
                      cap, out)
         if n:
             chosen, members, agreed, cont = _vote(buf, out[:n], k)
-            return m, chosen, n, members, agreed, cont
-    return 0, 0, 0, 0, 0, 0
+            return m, chosen, n, members, agreed, cont, tail_len
+    return 0, 0, 0, 0, 0, 0, tail_len
 
 
 @njit(cache=True)

@@ -445,20 +445,23 @@ class Corpus:
             if self._tail_prev is not None:
                 self._tail_prev = _grown(self._tail_prev, size, t0)
         if self._nb is not None:  # (one call: the keys go straight into the tail)
-            t1 = self._nb.index_tail(self._buf, a, b, self._pw, self._levels_arr,
-                                     np.uint32(_KEY_MASK), self._tail_keys, self._tail_pos, t0,
-                                     *self._chains())
-            if self._tail_head is None and t1 >= _CHAIN_FROM:
-                self._tail_head = np.empty((len(self.levels), self._nb.CHAIN_BUCKETS),
-                                           dtype=np.int32)
-                self._tail_prev = np.empty_like(self._tail_keys, dtype=np.int32)
-                self._link_tail(t1)
+            self._tail_len = self._nb.index_tail(
+                self._buf, a, b, self._pw, self._levels_arr, np.uint32(_KEY_MASK),
+                self._tail_keys, self._tail_pos, t0, *self._chains())
+            self._chain_if_long()
         else:
             e, keys = self._entries(a, b)
-            t1 = t0 + len(e)
-            self._tail_keys[:, t0:t1] = keys
-            self._tail_pos[t0:t1] = e
-        self._tail_len = t1
+            self._tail_len = t0 + len(e)
+            self._tail_keys[:, t0 : self._tail_len] = keys
+            self._tail_pos[t0 : self._tail_len] = e
+
+    def _chain_if_long(self) -> None:
+        """Chain the tail's entries by key once it holds _CHAIN_FROM (compiled only)."""
+        if self._tail_head is None and self._tail_len >= _CHAIN_FROM:
+            self._tail_head = np.empty((len(self.levels), self._nb.CHAIN_BUCKETS),
+                                       dtype=np.int32)
+            self._tail_prev = np.empty_like(self._tail_keys, dtype=np.int32)
+            self._link_tail(self._tail_len)
 
     def _chains(self) -> tuple[np.ndarray, np.ndarray]:
         """The tail's chains (head, prev) as the kernels take them."""
@@ -578,18 +581,25 @@ class Corpus:
 
     def match(self, context, k: int) -> Match:
         """Longest suffix of `context` in the corpus and up to k tokens that followed it."""
-        if self._indexed < self._n:
-            self.flush()
         ctx = self._context(context)
         L = len(ctx)
+        # compiled, tokens that fit the tail as it is are indexed in the lookup's own call
+        # (a decoding step's few); others now
+        pending = self._n - self._indexed
+        if pending and (self._nb is None or L < self.min_match or self._held == 0
+                        or self._tail_len + pending > len(self._tail_pos)
+                        or self._n - self._tail_start > self.tail_max):
+            self.flush()
         if L < self.min_match or self._held == 0:
             return _no_match()
         if self._nb is not None:  # all of the below, and the vote, in one compiled call
-            m, chosen, n_cand, members, agreed, n = self._nb.lookup(
+            a, self._indexed = self._indexed, self._n
+            m, chosen, n_cand, members, agreed, n, self._tail_len = self._nb.lookup(
                 self._nb_runs, self._tail_keys, self._tail_pos, self._tail_len, *self._chains(),
                 self._buf, ctx,
                 self._pw, self._levels_arr, self._first, np.uint32(_KEY_MASK),
-                self.max_candidates, min(int(k), self._n))
+                self.max_candidates, min(int(k), self._n), a, self._n)
+            self._chain_if_long()
             if not m:
                 return _no_match()
             return self._answer(m, chosen, self._buf[chosen : chosen + n], n_cand, members,
