@@ -998,10 +998,10 @@ def _frequent_path(continuations: np.ndarray, unwritten: int,
             break
         values, first, counts = np.unique(real, return_index=True, return_counts=True)
         top = np.lexsort((first, -counts))[0]
-        share = counts[top] / (len(column) + (unwritten if j == 0 else 0))
-        if p * share < min_prob:
+        total = len(column) + (unwritten if j == 0 else 0)
+        if p * counts[top] / total < min_prob:  # (in the kernel's order: the same roundings)
             break
-        p = p * share
+        p = p * counts[top] / total
         tokens.append(int(values[top]))
         probs.append(p)
         evidence.append(int(counts[top]))

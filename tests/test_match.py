@@ -476,10 +476,10 @@ def reference_frequent(session: Reference, outputs: Reference | None, context, k
                     if not counts:
                         break
                     token = next(t for t in column if counts.get(t) == max(counts.values()))
-                    share = counts[token] / (len(column) + (j == 0 and m <= open_len))
-                    if p * share < min_prob:
+                    total = len(column) + (j == 0 and m <= open_len)
+                    if p * counts[token] / total < min_prob:
                         break
-                    p *= share
+                    p = p * counts[token] / total
                     tokens.append(token)
                     probs.append(p)
                     evidence.append(counts[token])
@@ -574,6 +574,25 @@ def test_a_frequent_candidate_is_the_draft_a_policy_takes_as_it_reads_it(
     assert rows.tolist() == [*prefix_rows.tolist(), *(
         kinds[source, c] + (token_classes[min(t, 2)] if with_classes else 0)
         for t, c in zip(draft.tokens, draft.classes))]
+
+
+@pytest.mark.skipif(_match_nb is None, reason="numba not installed")
+def test_both_engines_round_a_path_alike():
+    # after 1 2: 30 five times in 17 (then 198 four times in 5), twelve others once; the second
+    # token's share is 4/5, which a product rounded another way reads as just under 0.8
+    texts = [[1, 2, 30, 198]] * 4 + [[1, 2, 30, 7]] + [[1, 2, 100 + i] for i in range(12)]
+    drafts = []
+    for nb in (None, _match_nb):
+        with using(nb):
+            session, outputs = Corpus(min_context=1), Corpus(min_context=1)
+        for text in texts:
+            outputs.extend(text)
+            outputs.end_document()
+        drafts.append(match_mod.frequent_drafts(session, outputs, [1, 2], 8, occurrences=17)[1])
+    numpy_path, kernels = drafts
+    assert kernels.tokens == [30, 198] and kernels.evidence == [5, 4]
+    assert (numpy_path.probs, numpy_path.classes, numpy_path.score) == \
+        (kernels.probs, kernels.classes, kernels.score)
 
 
 def test_a_frequent_path_follows_the_majority_and_counts_the_unwritten_context(engine):
