@@ -399,7 +399,7 @@ def frequent_candidate(s_runs, s_tail_keys, s_tail_pos, s_tail_len, s_head, s_pr
     from), then the draft's tokens; rows: prefix_rows, then each draft token's row, its
     kind (kinds[0] from s, kinds[1] from every output, by frequency class) plus its token
     class (token_classes, ids past it taking its last; empty: none). Returns (draft
-    tokens written, context length m, from s); m = 0: no draft."""
+    tokens written, context length m); m = 0: no draft."""
     frequent(s_runs, s_tail_keys, s_tail_pos, s_tail_len, s_head, s_prev, s_buf, s_open,
              open_len, g_runs, g_tail_keys, g_tail_pos, g_tail_len, g_head, g_prev, g_buf,
              with_g, context, pw, levels, mask, want, k, max_context, min_prob, share_edges,
@@ -407,7 +407,7 @@ def frequent_candidate(s_runs, s_tail_keys, s_tail_pos, s_tail_len, s_head, s_pr
     d = 0 if session_text and found[2] > found[5] else 1
     length, m = np.int64(found[3 * d]), np.int64(found[3 * d + 1])
     if m == 0:
-        return 0, 0, d == 0
+        return 0, 0
     p = len(prefix_rows)
     ids[: p + 1] = prefix_ids
     rows[:p] = prefix_rows
@@ -419,7 +419,7 @@ def frequent_candidate(s_runs, s_tail_keys, s_tail_pos, s_tail_len, s_head, s_pr
             row += token_classes[min(token, len(token_classes) - 1)]
         ids[p + 1 + j] = token
         rows[p + j] = row
-    return length, m, d == 0
+    return length, m
 
 
 @njit(cache=True)

@@ -904,7 +904,7 @@ def frequent_candidate(session: Corpus, outputs: Corpus | None, context, k: int,
         k, p = int(k), len(prefix_rows)
         found, found_tokens = _frequent_buffers(k)
         ids, rows = np.empty(p + 1 + k, dtype=np.int64), np.empty(p + k, dtype=np.int64)
-        length, m, _ = session._nb.frequent_candidate(
+        length, m = session._nb.frequent_candidate(
             *_frequent_args(session, outputs, ctx, k, max_context, occurrences, min_prob, worth),
             found, found_tokens, session_text, kinds, token_classes, prefix_ids, prefix_rows,
             ids, rows)
