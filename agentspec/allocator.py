@@ -160,6 +160,15 @@ def token_classes(token_bytes: Sequence[bytes]) -> np.ndarray:
     return np.array([cls(b) for b in token_bytes], dtype=np.intp)
 
 
+def token_rows(kinds: int | np.ndarray, tokens: Sequence[int], classes: np.ndarray
+               ) -> np.ndarray:
+    """Each draft token's row: its kind (one for all, or each token's) plus its token class
+    (`token_classes`; ids past the table take its last class; an empty table: none)."""
+    if not len(classes):
+        return np.zeros(len(tokens), dtype=np.int64) + kinds
+    return kinds + classes.take(tokens, mode="clip")
+
+
 class AcceptanceModel:
     """Online acceptance model: per role and draft token row (kind and modifiers, see
     MODIFIERS), the hazard h(L) that a draft token continuing a context of L matched tokens

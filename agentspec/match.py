@@ -73,6 +73,7 @@ from typing import Sequence
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
+from agentspec.allocator import token_rows
 from agentspec.frequency import (EVIDENCE_EDGES, NO_DRAFT, SHARE_EDGES, FrequencyDraft,
                                  expected_accepted, frequency_classes)
 
@@ -918,9 +919,7 @@ def frequent_candidate(session: Corpus, outputs: Corpus | None, context, k: int,
     d = local if from_session else every
     if not d.tokens:
         return None
-    rows = kinds[0 if from_session else 1].take(d.classes)
-    if len(token_classes):
-        rows = rows + token_classes.take(d.tokens, mode="clip")
+    rows = token_rows(kinds[0 if from_session else 1].take(d.classes), d.tokens, token_classes)
     return d.tokens, d.match_len, np.concatenate((prefix_ids, d.tokens)).astype(np.int64), \
         np.concatenate((prefix_rows, rows)).astype(np.int64)
 

@@ -39,7 +39,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from agentspec.allocator import (NO_IDS, AcceptanceModel, agentspec_lengths, draft_ids, scored,
-                                 token_classes)
+                                 token_classes, token_rows)
 from agentspec.controller import Controller, KmaxTable
 from agentspec.costs import linear_costs
 from agentspec.drafter import FILE, OUTPUT, PROMPT, Request
@@ -254,7 +254,8 @@ class CostAware:
         """A copy of these tokens after a context of m matched tokens, its rows of `kind`;
         `before`: the token the draft follows."""
         ids = draft_ids(before, tokens) if self.token_bias else NO_IDS
-        return Candidate(tokens, m, policy.rows(kind, ids[1:] if self.token_bias else tokens), ids)
+        rows = token_rows(kind, ids[1:] if self.token_bias else tokens, policy.token_classes)
+        return Candidate(tokens, m, rows, ids)
 
     def observe(self, policy: Policy, request: Request, drafted: int, accepted: int) -> None:
         # candidates are scored against what the target wrote: all of them, drafted or not
@@ -673,13 +674,6 @@ class Policy:
             age = 0
         self._worth[role] = (age + 1, worth)
         return worth
-
-    def rows(self, kinds: int | np.ndarray, tokens: list[int]) -> np.ndarray:
-        """Each draft token's row in the acceptance model: its kind, alone, and its class."""
-        if not len(self.token_classes):
-            return np.zeros(len(tokens), dtype=np.intp) + kinds
-        # (ids past the tokenizer's table, if any, take its last class)
-        return kinds + self.token_classes.take(tokens, mode="clip")
 
     def observe(self, request: Request, drafted: int, accepted: int) -> None:
         self.config.length.observe(self, request, drafted, accepted)
