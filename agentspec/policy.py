@@ -48,7 +48,7 @@ from agentspec.learned_costs import LearnedCosts
 from agentspec.match import TAIL_MAX, Corpus, Match, context_ids, frequent_candidate
 from agentspec.structure import BlockTracker, StructureError, parse_structure
 
-WORTH_EVERY = 128  # drafts of a role between two reads of its curves by path_worth
+WORTH_EVERY = 128  # steps of a role between two reads of its curves by path_worth
 EXTENSIONS = 2  # how many times a frequency path drafted to its end may be continued
 _kernels_ready = False  # see warm_up
 NO_MATCH = Match(length=0, tokens=[], candidates=0, agree=0, agreed=0, position=-1)
@@ -208,7 +208,10 @@ class CostAware:
             found.append(self._candidate(policy, m.tokens[:max_k], m.length,
                                          policy.acceptance.kind(source), before))
         if self.frequency and policy.config.session:
-            c = self._frequent(policy, r, policy.running[r.id].context, max_k, 0,
+            run = policy.running[r.id]
+            # one read a step: the path and its continuations are weighed alike
+            run.worth = policy.path_worth(r.role) if self.learned_paths else None
+            c = self._frequent(policy, r, run.context, max_k, 0,
                                np.array([before], dtype=np.int64), NO_ROWS)
             if c is not None:
                 found.append(c)
@@ -225,7 +228,7 @@ class CostAware:
         found = frequent_candidate(
             policy.sessions[r.session].s, policy.g, context, k, policy.frequency_kind_tables[depth],
             policy.token_classes, prefix_ids, prefix_rows, session_text=self.session_text,
-            worth=policy.path_worth(r.role) if self.learned_paths else None)
+            worth=policy.running[r.id].worth)
         if found is None:
             return None
         tokens, m, ids, rows = found
@@ -397,6 +400,7 @@ class _Running:
     sent: Candidate | None = None  # the one it drafted from
     expected: float = 0.0  # the acceptance model's expected accepted tokens of the draft sent
     sent_key: str = ""  # whose sent ratio priced it (`sent_key`, a "+" per extension)
+    worth: np.ndarray | None = None  # Policy.path_worth, as this step's frequency paths read it
 
 
 @dataclass
@@ -665,7 +669,7 @@ class Policy:
     def path_worth(self, role: str) -> np.ndarray:
         """What a frequency path's token is worth to the served model, by source (session
         text, all outputs), frequency class and matched length: the acceptance model's kind
-        curves, read again every WORTH_EVERY drafts of a role (they move slowly)."""
+        curves, read again every WORTH_EVERY steps of a role (they move slowly)."""
         age, worth = self._worth.get(role, (WORTH_EVERY, None))
         if age >= WORTH_EVERY:
             lengths = self.config.max_k + 1
