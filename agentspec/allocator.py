@@ -205,6 +205,7 @@ class AcceptanceModel:
         self._args: dict[str, tuple] = {}  # per role: (kinds then, the kernels' tables)
         self.tokens = self.cost = 1.0  # decayed sums behind the running speedup R
         self.sent: dict[str, tuple[float, float]] = {}  # see sent_ratio
+        self._ratios: dict[str, float] = {}  # sent_ratio of each key in `sent`
         self.bias = np.zeros(3 << BIAS_BITS)  # the draft tokens' logit offsets (token_keys)
         self.calibrate_sent = calibrate_sent
 
@@ -222,15 +223,16 @@ class AcceptanceModel:
         winner's curse: on SWE-agent, sent drafts took 0.90 of the tokens predicted, the
         candidates passed over 1.18. Plans price a draft token that much dearer (kept
         within [0.5, 2]: a bad stretch must not stop drafting for good)."""
-        predicted, accepted = self.sent.get(key, (SENT_PRIOR, SENT_PRIOR))
-        return min(2.0, max(0.5, predicted / accepted))
+        return self._ratios.get(key, 1.0)
 
     def observe_sent(self, key: str, predicted: float, accepted: int,
                      decay: float = 0.999) -> None:
         """A draft sent under `key`, `predicted` tokens expected, took `accepted`."""
         if self.calibrate_sent:
             p, a = self.sent.get(key, (SENT_PRIOR, SENT_PRIOR))
-            self.sent[key] = (p * decay + predicted, a * decay + accepted)
+            p, a = p * decay + predicted, a * decay + accepted
+            self.sent[key] = (p, a)
+            self._ratios[key] = min(2.0, max(0.5, p / a))  # (read by every plan)
 
     def planning_rate(self, key: str) -> float:
         """What a plan prices a step's worth at, in tokens: R, times the sent ratio."""
@@ -296,6 +298,18 @@ class AcceptanceModel:
             args = self._args[role] = (len(self.kinds), *self._tables(role),
                                        *self._pooled(role))
         return args[1:]
+
+    def kernel_tables(self, role: str) -> tuple:
+        """What the planning kernel `_accept_nb.best_length` reads of the role's model, in its
+        order, before the draft's rows (for a kernel that plans drafts itself: make every
+        kind its rows use first)."""
+        return (*self._kernel_args(role), _BIN_OF, _WIDTH, _PAD, KIND_SHIFT,
+                self.source_weight, self.bias, BIAS_BITS)
+
+    def planning_rates(self, keys: Sequence[str]) -> np.ndarray:
+        """`planning_rate` of each key."""
+        rate, ratio = self.rate, self._ratios.get
+        return np.array([rate * ratio(key, 1.0) for key in keys])
 
     def accept_probs(self, role: str, m: int, source: Kinds = "", n: int | None = None,
                      ids: np.ndarray = NO_IDS) -> np.ndarray:

@@ -816,8 +816,14 @@ class Corpus:
         return Match(m, tokens.tolist(), n_cand, members, agreed, position)
 
 
+# SuffixDecoding's search, as the policy runs it: contexts of up to MAX_CONTEXT tokens, the
+# OCCURRENCES most recent of each, paths cut before a token under MIN_PROB
+MAX_CONTEXT, OCCURRENCES, MIN_PROB = 8, 16, 0.1
+
+
 def frequent_drafts(session: Corpus, outputs: Corpus | None, context, k: int,
-                    max_context: int = 8, occurrences: int = 16, min_prob: float = 0.1,
+                    max_context: int = MAX_CONTEXT, occurrences: int = OCCURRENCES,
+                    min_prob: float = MIN_PROB,
                     worth: np.ndarray | None = None) -> tuple[FrequencyDraft, FrequencyDraft]:
     """SuffixDecoding's drafts for a request whose output is being written at the end of
     `session` (its open document; `context` ends there): one from the session's text, one
@@ -839,7 +845,7 @@ def frequent_drafts(session: Corpus, outputs: Corpus | None, context, k: int,
         return NO_DRAFT, NO_DRAFT
     if _compiled(session, outputs):
         k = int(k)
-        found, found_tokens = _frequent_buffers(k)
+        found, found_tokens = frequent_buffers(k)
         session._nb.frequent(*_frequent_args(session, outputs, ctx, k, max_context, occurrences,
                                              min_prob, worth), found, found_tokens)
         header = found[:6].tolist()
@@ -888,7 +894,8 @@ _NO_WORTH = np.zeros((0, 0, 0))  # (the kernel's "no table")
 def frequent_candidate(session: Corpus, outputs: Corpus | None, context, k: int,
                        kinds: np.ndarray, token_classes: np.ndarray, prefix_ids: np.ndarray,
                        prefix_rows: np.ndarray, session_text: bool = True,
-                       max_context: int = 8, occurrences: int = 16, min_prob: float = 0.1,
+                       max_context: int = MAX_CONTEXT, occurrences: int = OCCURRENCES,
+                       min_prob: float = MIN_PROB,
                        worth: np.ndarray | None = None
                        ) -> tuple[list[int], int, np.ndarray, np.ndarray] | None:
     """The draft a policy takes of `frequent_drafts`' two (the session's text's where
@@ -903,7 +910,7 @@ def frequent_candidate(session: Corpus, outputs: Corpus | None, context, k: int,
         return None
     if _compiled(session, outputs):
         k, p = int(k), len(prefix_rows)
-        found, found_tokens = _frequent_buffers(k)
+        found, found_tokens = frequent_buffers(k)
         ids, rows = np.empty(p + 1 + k, dtype=np.int64), np.empty(p + k, dtype=np.int64)
         length, m = session._nb.frequent_candidate(
             *_frequent_args(session, outputs, ctx, k, max_context, occurrences, min_prob, worth),
@@ -922,6 +929,20 @@ def frequent_candidate(session: Corpus, outputs: Corpus | None, context, k: int,
     rows = token_rows(kinds[0 if from_session else 1].take(d.classes), d.tokens, token_classes)
     return d.tokens, d.match_len, np.concatenate((prefix_ids, d.tokens)).astype(np.int64), \
         np.concatenate((prefix_rows, rows)).astype(np.int64)
+
+
+def frequent_search(session: Corpus, outputs: Corpus | None, context, k: int,
+                    worth: np.ndarray | None) -> tuple:
+    """What the compiled search (`_match_nb.frequent`) reads for a path of at most k tokens
+    after `context`, as `frequent_candidate` runs it, up to its output buffers (see
+    `frequent_buffers`). Where no path can follow, the context is empty: the search finds
+    nothing."""
+    ctx = _frequent_context(session, outputs, context, k)
+    return _frequent_args(session, outputs, _NO_CONTEXT if ctx is None else ctx, k,
+                          MAX_CONTEXT, OCCURRENCES, MIN_PROB, worth)
+
+
+_NO_CONTEXT = np.zeros(0, dtype=np.int32)
 
 
 def _frequent_context(session: Corpus, outputs: Corpus | None, context, k: int
@@ -971,7 +992,7 @@ def _found_draft(found: np.ndarray, found_tokens: np.ndarray, header: list, d: i
 _buffers = threading.local()
 
 
-def _frequent_buffers(k: int) -> tuple[np.ndarray, np.ndarray]:
+def frequent_buffers(k: int) -> tuple[np.ndarray, np.ndarray]:
     """Where the compiled search writes its drafts of at most k tokens (read out at once,
     so one pair per k and thread serves every call)."""
     pairs = _buffers.__dict__

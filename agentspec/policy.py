@@ -32,12 +32,15 @@ Sessions never see each other's S, W or block history.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 from typing import Callable, Sequence
 
 import numpy as np
 
+from agentspec import allocator, match
 from agentspec.allocator import (NO_IDS, AcceptanceModel, agentspec_lengths, draft_ids, scored,
                                  token_classes, token_rows)
 from agentspec.controller import Controller, KmaxTable
@@ -45,14 +48,26 @@ from agentspec.costs import linear_costs
 from agentspec.drafter import FILE, OUTPUT, PROMPT, Request
 from agentspec.frequency import FREQUENCY_CLASSES
 from agentspec.learned_costs import LearnedCosts
-from agentspec.match import TAIL_MAX, Corpus, Match, context_ids, frequent_candidate
+from agentspec.match import (TAIL_MAX, Corpus, Match, context_ids, frequent_buffers,
+                             frequent_candidate, frequent_search)
 from agentspec.structure import BlockTracker, StructureError, parse_structure
+
+# the numba kernel of CostAware's plan (agentspec/_policy_nb.py) where numba imports, as
+# agentspec.match decides; a Policy uses it where the corpora's and the acceptance model's
+# kernels are in use too (see Policy.compiled)
+_nb = None
+if os.environ.get("AGENTSPEC_NO_NUMBA", "") != "1":
+    try:
+        from agentspec import _policy_nb as _nb
+    except Exception:  # not installed, or unusable here: numpy it is
+        _nb = None
 
 WORTH_EVERY = 128  # steps of a role between two reads of its curves by path_worth
 EXTENSIONS = 2  # how many times a frequency path drafted to its end may be continued
 _kernels_ready = False  # see warm_up
 NO_MATCH = Match(length=0, tokens=[], candidates=0, agree=0, agreed=0, position=-1)
 NO_ROWS = np.zeros(0, dtype=np.int64)  # (a frequency path that continues none)
+NO_CONTEXT = np.zeros(0, dtype=np.int32)  # (no frequency search)
 
 
 def _check(strategy, field_: str, ok: bool, why: str) -> None:
@@ -153,35 +168,11 @@ class CostAware:
     def drafts(self, policy: Policy, batch: Sequence[Request], matches: list[Match],
                padded: bool = False):
         costs = policy.costs_at(len(batch))
+        plan = self._plan_compiled if policy.compiled else self._plan
         drafts = []
         for r, m in zip(batch, matches):
             run = policy.running[r.id]
-            run.candidates = self._candidates(policy, r, m, run.source)
-            # padded, a row's best candidate drafts even when it would not pay alone
-            draft, gain, run.sent, run.sent_key = [], -np.inf if padded else 0.0, None, r.role
-            for c in run.candidates:
-                key = sent_key(r.role, c, run.candidates)
-                n, c_gain = policy.acceptance.plan(r.role, c.m, c.rows, len(c.rows), costs, key,
-                                                   c.ids)
-                if c_gain > gain:
-                    draft, gain, run.sent, run.sent_key = c.tokens[:n], c_gain, c, key
-            for depth in range(EXTENSIONS if self.extend else 0):
-                # the frequency path sent pays to its end: the path after it too, if that
-                # gains more (scored in its place either way)
-                c = run.sent
-                if c is None or not c.frequency or len(draft) != len(c.tokens) \
-                        or len(draft) >= policy.config.max_k:
-                    break
-                longer = self._extended(policy, r, c, depth)
-                if longer is None:
-                    break
-                run.candidates = [longer if x is c else x for x in run.candidates]
-                key = run.sent_key + "+"
-                n, c_gain = policy.acceptance.plan(r.role, longer.m, longer.rows,
-                                                   len(longer.rows), costs, key, longer.ids)
-                if c_gain <= gain:
-                    break
-                draft, gain, run.sent, run.sent_key = longer.tokens[:n], c_gain, longer, key
+            draft, gain = plan(policy, r, m, run, costs, padded)
             # the tokens it expects accepted: the gain plus what the draft was priced at
             run.expected = gain + policy.acceptance.planning_rate(run.sent_key) \
                 * costs[len(draft)] if draft else 0.0
@@ -199,23 +190,94 @@ class CostAware:
             policy.running[r.id].cost = float(costs[widest if padded else len(draft)])
         return drafts
 
-    def _candidates(self, policy: Policy, r: Request, m: Match, source: str) -> list[Candidate]:
+    def _plan(self, policy: Policy, r: Request, m: Match, run: _Running, costs: np.ndarray,
+              padded: bool) -> tuple[list[int], float]:
+        """This step's candidates, and the draft that gains most with its gain (the numpy
+        engine's; `_policy_nb.plan_request` is the same in one compiled call)."""
+        run.candidates = self._candidates(policy, r, m, run)
+        # padded, a row's best candidate drafts even when it would not pay alone
+        draft, gain, run.sent, run.sent_key = [], -np.inf if padded else 0.0, None, r.role
+        for c in run.candidates:
+            key = sent_key(r.role, c.frequency, len(run.candidates))
+            n, c_gain = policy.acceptance.plan(r.role, c.m, c.rows, len(c.rows), costs, key,
+                                               c.ids)
+            if c_gain > gain:
+                draft, gain, run.sent, run.sent_key = c.tokens[:n], c_gain, c, key
+        for depth in range(EXTENSIONS if self.extend else 0):
+            # the frequency path sent pays to its end: the path after it too, if that
+            # gains more (scored in its place either way)
+            c = run.sent
+            if c is None or not c.frequency or len(draft) != len(c.tokens) \
+                    or len(draft) >= policy.config.max_k:
+                break
+            longer = self._extended(policy, r, c, depth)
+            if longer is None:
+                break
+            run.candidates = [longer if x is c else x for x in run.candidates]
+            key = run.sent_key + "+"
+            n, c_gain = policy.acceptance.plan(r.role, longer.m, longer.rows,
+                                               len(longer.rows), costs, key, longer.ids)
+            if c_gain <= gain:
+                break
+            draft, gain, run.sent, run.sent_key = longer.tokens[:n], c_gain, longer, key
+        return draft, gain
+
+    def _plan_compiled(self, policy: Policy, r: Request, m: Match, run: _Running,
+                       costs: np.ndarray, padded: bool) -> tuple[list[int], float]:
+        """`_plan` as one kernel call: the copy here, the rest in `_policy_nb.plan_request`."""
+        max_k, acceptance = policy.config.max_k, policy.acceptance
+        copy = self._copy(policy, r, m, run.source)
+        search = self.frequency and policy.config.session
+        run.worth = policy.path_worth(r.role) if search and self.learned_paths else None
+        keys = _sent_keys(r.role, copy is not None)
+        rates = acceptance.planning_rates(keys)
+        ids, rows = np.empty(max_k + 1, dtype=np.int64), np.empty(max_k, dtype=np.int64)
+        ids[0] = r.tokens[-1] if r.tokens else 0  # the token the path follows
+        s = policy.sessions[r.session].s
+        sent, n, gain, length, path_m, depth, sent_length = _nb.plan_request(
+            *frequent_search(s, policy.g, run.context if search else NO_CONTEXT, max_k,
+                             run.worth),
+            *frequent_buffers(max_k), self.session_text, policy.frequency_kind_array,
+            policy.token_classes, *acceptance.kernel_tables(r.role), self.token_bias, costs,
+            copy.m if copy else 0, copy.rows if copy else NO_ROWS, copy.ids if copy else NO_IDS,
+            rates[:2], rates[2:], -np.inf if padded else 0.0,
+            EXTENSIONS if self.extend else 0, ids, rows)
+        path = Candidate(ids[1 : length + 1].tolist(), path_m, rows[:length],
+                         ids[: length + 1] if self.token_bias else NO_IDS, frequency=True) \
+            if length else None
+        run.candidates = [c for c in (copy, path) if c is not None]
+        run.sent, run.sent_key = None, r.role
+        if sent == 0:
+            run.sent, run.sent_key = copy, keys[1 if path else 0]
+        elif sent == 1:  # (the draft sent may stop short of a continuation scored with it)
+            run.sent = path if sent_length == length else Candidate(
+                path.tokens[:sent_length], path_m, path.rows[:sent_length],
+                path.ids[: sent_length + 1] if self.token_bias else NO_IDS, frequency=True)
+            run.sent_key = keys[2] + "+" * depth
+        return (run.sent.tokens[:n] if run.sent else []), gain
+
+    def _candidates(self, policy: Policy, r: Request, m: Match, run: _Running
+                    ) -> list[Candidate]:
         """The best copy, and with `frequency` the most frequent continuation."""
         max_k = policy.config.max_k
-        before = r.tokens[-1] if r.tokens else 0
-        found = []
-        if m.length:
-            found.append(self._candidate(policy, m.tokens[:max_k], m.length,
-                                         policy.acceptance.kind(source), before))
+        copy = self._copy(policy, r, m, run.source)
+        found = [copy] if copy else []
         if self.frequency and policy.config.session:
-            run = policy.running[r.id]
             # one read a step: the path and its continuations are weighed alike
             run.worth = policy.path_worth(r.role) if self.learned_paths else None
+            before = r.tokens[-1] if r.tokens else 0
             c = self._frequent(policy, r, run.context, max_k, 0,
                                np.array([before], dtype=np.int64), NO_ROWS)
             if c is not None:
                 found.append(c)
         return found
+
+    def _copy(self, policy: Policy, r: Request, m: Match, source: str) -> Candidate | None:
+        """The match's continuation as a candidate (None: no match)."""
+        if not m.length:
+            return None
+        return self._candidate(policy, m.tokens[:policy.config.max_k], m.length,
+                               policy.acceptance.kind(source), r.tokens[-1] if r.tokens else 0)
 
     def _frequent(self, policy: Policy, r: Request, context: np.ndarray, k: int, depth: int,
                   prefix_ids: np.ndarray, prefix_rows: np.ndarray) -> Candidate | None:
@@ -416,12 +478,22 @@ class Candidate:
     frequency: bool = False  # a frequency path, not a copy
 
 
-def sent_key(role: str, c: Candidate, candidates: list[Candidate]) -> str:
+def sent_key(role: str, frequency: bool, candidates: int) -> str:
     """Whose sent ratio prices a candidate (AcceptanceModel.sent_ratio): its role, copy or
-    frequency path, and whether another candidate competed with it. The winner's curse
-    differs between them: on SWE-agent a copy sent over a frequency draft took 0.86 of
-    the tokens predicted, a frequency draft sent over a copy 0.95, a lone one 0.99."""
-    return f"{role}/{'frequency' if c.frequency else 'copy'}/{len(candidates)}"
+    frequency path, and how many candidates the step had (whether another competed with
+    it). The winner's curse differs between them: on SWE-agent a copy sent over a
+    frequency draft took 0.86 of the tokens predicted, a frequency draft sent over a copy
+    0.95, a lone one 0.99. A path continued past its end takes a "+" per continuation."""
+    return f"{role}/{'frequency' if frequency else 'copy'}/{candidates}"
+
+
+@lru_cache(maxsize=256)
+def _sent_keys(role: str, copy: bool) -> tuple[str, ...]:
+    """The keys a compiled plan may price with (`_policy_nb.plan_request`): the copy's, as
+    the step's only candidate and beside a path; then the path's, and its continuations'."""
+    path = sent_key(role, True, 1 + copy)
+    return (sent_key(role, False, 1), sent_key(role, False, 2),
+            *(path + "+" * depth for depth in range(EXTENSIONS + 1)))
 
 
 # a line of a numbered listing: SWE-agent's viewer and grep -n ("12:text"), cat -n and nl
@@ -515,6 +587,13 @@ class Policy:
             self.frequency_kind_tables.append(np.array(
                 [[self.acceptance.kind("+" * depth + source + k) for k in FREQUENCY_CLASSES]
                  for source in ("S", "")]))
+        # (the tables as one array, as the compiled plan reads them)
+        self.frequency_kind_array = np.stack(self.frequency_kind_tables) \
+            if self.frequency_kind_tables else np.zeros((1, 2, len(FREQUENCY_CLASSES)),
+                                                        dtype=np.int64)
+        # plans in one compiled call (CostAware._plan_compiled) where every kernel it
+        # stands for is in use: the corpora's and the acceptance model's
+        self.compiled = _nb is not None and match._nb is not None and allocator._nb is not None
         warm_up(token_bytes)
 
     def _corpus(self, max_tokens: int) -> Corpus:

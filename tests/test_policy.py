@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from agentspec.allocator import (COPY_BINS, AcceptanceModel, agentspec_lengths, copy_bin,
-                                 hazard_counts, redundancy)
+                                 hazard_counts, redundancy, scored)
 from agentspec.controller import Controller, KmaxError, KmaxTable, load_kmax
 from agentspec.costs import BatchCost, CostProfile, linear_costs
 from agentspec.drafter import FILE, PROMPT, TOOL, Request
@@ -19,6 +19,11 @@ from agentspec.policy import (Algorithm2, CostAware, Fixed, Longest, MostExpecte
                               numbered_listings)
 from agentspec.tokens import CHATML, ChatTokenizer
 from conftest import tiny_tokenizer
+
+try:  # the compiled plan, tested beside its reference where numba imports
+    from agentspec import _policy_nb
+except ImportError:
+    _policy_nb = None
 
 
 # --- controller -------------------------------------------------------------------------
@@ -505,10 +510,10 @@ def test_building_a_policy_compiles_the_kernels_its_steps_call():
     # in a fresh process: a bench times steps, and a server answers requests, right after
     # building its drafter; no kernel may be left to compile in them
     code = ("from agentspec.policy import Policy, ladder\n"
-            "from agentspec import _accept_nb, _match_nb\n"
-            "kernels = [_match_nb.lookup, _match_nb.frequent_candidate, _match_nb.index_tail,\n"
-            "           _match_nb.link_tail, _match_nb.entry_keys,\n"
-            "           _accept_nb.best_length, _accept_nb.expected, _accept_nb.observe]\n"
+            "from agentspec import _accept_nb, _match_nb, _policy_nb\n"
+            "kernels = [_match_nb.lookup, _match_nb.index_tail, _match_nb.link_tail,\n"
+            "           _match_nb.entry_keys, _policy_nb.plan_request, _accept_nb.expected,\n"
+            "           _accept_nb.observe]\n"
             "assert not any(k.signatures for k in kernels)\n"
             "Policy(ladder()['full'])\n"
             "print([k.__name__ for k in kernels if not k.signatures])\n")
@@ -516,3 +521,58 @@ def test_building_a_policy_compiles_the_kernels_its_steps_call():
                          timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.skipif(_policy_nb is None, reason="numba not installed")
+@pytest.mark.parametrize("name, padded", [("full", False), ("full", True),
+                                          ("full-no-token-bias", False),
+                                          ("full-sent-only", False)])
+def test_the_compiled_plan_drafts_as_the_reference(name, padded):
+    # two policies in lockstep, one planning in the kernel and one in Python, on text of
+    # repeated phrases (frequency paths taken whole and continued): every step's drafts,
+    # candidates and keys are the same, and so is what both learn from them
+    rng = np.random.default_rng(1)
+    phrases = [rng.integers(0, 40, int(rng.integers(2, 9))).tolist() for _ in range(10)]
+
+    def text(n):
+        return [t for _ in range(n) for t in phrases[int(rng.integers(0, len(phrases)))]]
+
+    seed = [text(20) for _ in range(4)]
+    policies = [Policy(ladder()[name], global_seed=seed) for _ in range(2)]
+    policies[1].compiled = False
+    assert policies[0].compiled
+    continued = 0
+    for call in range(4):
+        prompt, targets = text(30), [text(12), text(12)]
+        rows = []
+        for p in policies:
+            p.register("s", PROMPT, prompt)
+            rows.append([request(f"c{call}-{i}", "s", prompt) for i in range(2)])
+            for r in rows[-1]:
+                p.start(r)
+        while all(len(r.tokens) - len(prompt) < len(t) for r, t in zip(rows[0], targets)):
+            drafts = [p.propose(rs, padded=padded) for p, rs in zip(policies, rows)]
+            assert drafts[0] == drafts[1]
+            for i, draft in enumerate(drafts[0]):
+                a, b = (p.running[rs[i].id] for p, rs in zip(policies, rows))
+                assert [(c.tokens, c.m, c.rows.tolist(), c.ids.tolist(), c.frequency)
+                        for c in a.candidates] == \
+                    [(c.tokens, c.m, c.rows.tolist(), c.ids.tolist(), c.frequency)
+                     for c in b.candidates]
+                assert (a.sent_key, a.expected, a.cost) == (b.sent_key, b.expected, b.cost)
+                assert (a.sent is None) == (b.sent is None)
+                if a.sent:
+                    assert (a.sent.tokens, a.sent.rows.tolist()) == \
+                        (b.sent.tokens, b.sent.rows.tolist())
+                continued += "+" in a.sent_key
+                written = len(rows[0][i].tokens) - len(prompt)
+                truth = targets[i][written : written + len(draft) + 1]
+                accepted = scored(draft, truth)[1]
+                for p, rs in zip(policies, rows):
+                    rs[i].tokens.extend(truth[: accepted + 1])
+                    p.observe(rs[i], len(draft), accepted)
+        for p, rs in zip(policies, rows):
+            for r in rs:
+                p.finish(r)
+    assert continued > 0
+    assert np.array_equal(policies[0].acceptance.bias, policies[1].acceptance.bias)
