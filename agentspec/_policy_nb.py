@@ -24,12 +24,13 @@ def plan_request(s_runs, s_tail_keys, s_tail_pos, s_tail_len, s_head, s_prev, s_
                  share_edges, evidence_edges, worth, found, found_tokens, session_text,
                  kind_tables, token_classes, t, h, kt, kh, pt, ph, bin_of, width, pad,
                  kind_shift, weight, bias, bits, with_ids, costs, copy_m, copy_rows, copy_ids,
-                 copy_rates, frequency_rates, gain, extensions, ids, rows):
+                 rate, ratios, slots, gain, extensions, ids, rows):
     """CostAware.drafts for one request: the copy (copy_m: its context length, 0: none;
     copy_rows, copy_ids as its Candidate holds them) and the frequency path after `context`
     (`frequent_candidate`, the token before it in ids[0], its kinds by extension depth in
-    kind_tables), each planned (`best_length`; the copy at copy_rates[1 if there is a path
-    else 0], the path at frequency_rates[depth]); a candidate is sent where it gains more
+    kind_tables), each planned (`best_length`) at `rate` times a sent ratio (ratios[slots[i]]:
+    the copy's at i = 1 if there is a path, else 0; the path's at i = 2 + its extensions, see
+    policy._sent_keys); a candidate is sent where it gains more
     than `gain` (and than the one before). A path sent to its end (under max_k) is
     continued by the path after it, up to `extensions` times, and sent longer where that
     gains more; it is scored longer either way. The path lands in ids (the token before,
@@ -47,7 +48,7 @@ def plan_request(s_runs, s_tail_keys, s_tail_pos, s_tail_len, s_head, s_prev, s_
     if has_copy and len(copy_rows):
         c_n, c_gain = best_length(t, h, kt, kh, pt, ph, copy_rows, copy_m, len(copy_rows),
                                   bin_of, width, pad, kind_shift, weight, costs,
-                                  copy_rates[1 if m else 0], bias, copy_ids, bits)
+                                  rate * ratios[slots[1 if m else 0]], bias, copy_ids, bits)
         if c_gain > gain:
             sent, n, gain = 0, c_n, c_gain
     elif has_copy and 0.0 > gain:  # (an empty copy plans nothing and gains nothing)
@@ -55,7 +56,7 @@ def plan_request(s_runs, s_tail_keys, s_tail_pos, s_tail_len, s_head, s_prev, s_
     if not m:
         return sent, n, gain, 0, 0, 0, 0
     f_n, f_gain = best_length(t, h, kt, kh, pt, ph, rows[:length], m, length, bin_of, width,
-                              pad, kind_shift, weight, costs, frequency_rates[0], bias,
+                              pad, kind_shift, weight, costs, rate * ratios[slots[2]], bias,
                               ids[: length + 1] if with_ids else _NO_IDS, bits)
     if f_gain > gain:
         sent, n, gain, sent_length = 1, f_n, f_gain, length
@@ -77,7 +78,7 @@ def plan_request(s_runs, s_tail_keys, s_tail_pos, s_tail_len, s_head, s_prev, s_
         length += more
         e_n, e_gain = best_length(t, h, kt, kh, pt, ph, rows[:length], m, length, bin_of,
                                   width, pad, kind_shift, weight, costs,
-                                  frequency_rates[d + 1], bias,
+                                  rate * ratios[slots[3 + d]], bias,
                                   ids[: length + 1] if with_ids else _NO_IDS, bits)
         if e_gain <= gain:
             break

@@ -205,7 +205,11 @@ class AcceptanceModel:
         self._args: dict[str, tuple] = {}  # per role: (kinds then, the kernels' tables)
         self.tokens = self.cost = 1.0  # decayed sums behind the running speedup R
         self.sent: dict[str, tuple[float, float]] = {}  # see sent_ratio
-        self._ratios: dict[str, float] = {}  # sent_ratio of each key in `sent`
+        # sent_ratio of each key, as every plan reads it: key -> slot in ratios (1 where
+        # nothing was sent yet), and the slots of each tuple of keys (ratio_slots)
+        self._slot: dict[str, int] = {}
+        self.ratios = np.ones(8)
+        self._slots: dict[tuple[str, ...], np.ndarray] = {}
         self.bias = np.zeros(3 << BIAS_BITS)  # the draft tokens' logit offsets (token_keys)
         self.calibrate_sent = calibrate_sent
 
@@ -223,7 +227,8 @@ class AcceptanceModel:
         winner's curse: on SWE-agent, sent drafts took 0.90 of the tokens predicted, the
         candidates passed over 1.18. Plans price a draft token that much dearer (kept
         within [0.5, 2]: a bad stretch must not stop drafting for good)."""
-        return self._ratios.get(key, 1.0)
+        slot = self._slot.get(key)
+        return 1.0 if slot is None else float(self.ratios[slot])
 
     def observe_sent(self, key: str, predicted: float, accepted: int,
                      decay: float = 0.999) -> None:
@@ -232,7 +237,7 @@ class AcceptanceModel:
             p, a = self.sent.get(key, (SENT_PRIOR, SENT_PRIOR))
             p, a = p * decay + predicted, a * decay + accepted
             self.sent[key] = (p, a)
-            self._ratios[key] = min(2.0, max(0.5, p / a))  # (read by every plan)
+            self.ratios[self.ratio_slots((key,))[0]] = min(2.0, max(0.5, p / a))
 
     def planning_rate(self, key: str) -> float:
         """What a plan prices a step's worth at, in tokens: R, times the sent ratio."""
@@ -293,23 +298,37 @@ class AcceptanceModel:
     def _kernel_args(self, role: str) -> tuple:
         """The role's tables as the kernels read them (after every kind they index exists:
         the kernels do not check bounds), kept until a new kind grows them."""
-        args = self._args.get(role)
-        if args is None or args[0] != len(self.kinds):
-            args = self._args[role] = (len(self.kinds), *self._tables(role),
-                                       *self._pooled(role))
-        return args[1:]
+        return self._kernel_state(role)[1]
 
     def kernel_tables(self, role: str) -> tuple:
         """What the planning kernel `_accept_nb.best_length` reads of the role's model, in its
         order, before the draft's rows (for a kernel that plans drafts itself: make every
         kind its rows use first)."""
-        return (*self._kernel_args(role), _BIN_OF, _WIDTH, _PAD, KIND_SHIFT,
-                self.source_weight, self.bias, BIAS_BITS)
+        return self._kernel_state(role)[2]
 
-    def planning_rates(self, keys: Sequence[str]) -> np.ndarray:
-        """`planning_rate` of each key."""
-        rate, ratio = self.rate, self._ratios.get
-        return np.array([rate * ratio(key, 1.0) for key in keys])
+    def _kernel_state(self, role: str) -> tuple:
+        """(kinds then, `_kernel_args`, `kernel_tables`) of the role, kept until a new kind
+        grows the tables."""
+        state = self._args.get(role)
+        if state is None or state[0] != len(self.kinds):
+            tables = (*self._tables(role), *self._pooled(role))
+            state = self._args[role] = (len(self.kinds), tables, (
+                *tables, _BIN_OF, _WIDTH, _PAD, KIND_SHIFT, self.source_weight, self.bias,
+                BIAS_BITS))
+        return state
+
+    def ratio_slots(self, keys: tuple[str, ...]) -> np.ndarray:
+        """Where the sent ratio of each key lies in `ratios` (for a kernel that plans drafts
+        itself: read `ratios` after this, which may grow it)."""
+        slots = self._slots.get(keys)
+        if slots is None:
+            for key in keys:
+                if key not in self._slot:
+                    self._slot[key] = len(self._slot)
+            if len(self._slot) > len(self.ratios):
+                self.ratios = np.concatenate((self.ratios, np.ones(len(self._slot))))
+            slots = self._slots[keys] = np.array([self._slot[key] for key in keys])
+        return slots
 
     def accept_probs(self, role: str, m: int, source: Kinds = "", n: int | None = None,
                      ids: np.ndarray = NO_IDS) -> np.ndarray:

@@ -230,7 +230,7 @@ class CostAware:
         search = self.frequency and policy.config.session
         run.worth = policy.path_worth(r.role) if search and self.learned_paths else None
         keys = _sent_keys(r.role, copy is not None)
-        rates = acceptance.planning_rates(keys)
+        slots = acceptance.ratio_slots(keys)
         ids, rows = np.empty(max_k + 1, dtype=np.int64), np.empty(max_k, dtype=np.int64)
         ids[0] = r.tokens[-1] if r.tokens else 0  # the token the path follows
         s = policy.sessions[r.session].s
@@ -240,7 +240,7 @@ class CostAware:
             *frequent_buffers(max_k), self.session_text, policy.frequency_kind_array,
             policy.token_classes, *acceptance.kernel_tables(r.role), self.token_bias, costs,
             copy.m if copy else 0, copy.rows if copy else NO_ROWS, copy.ids if copy else NO_IDS,
-            rates[:2], rates[2:], -np.inf if padded else 0.0,
+            acceptance.rate, acceptance.ratios, slots, -np.inf if padded else 0.0,
             EXTENSIONS if self.extend else 0, ids, rows)
         path = Candidate(ids[1 : length + 1].tolist(), path_m, rows[:length],
                          ids[: length + 1] if self.token_bias else NO_IDS, frequency=True) \
