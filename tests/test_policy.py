@@ -1,9 +1,11 @@
 import json
 import math
+import os
 import re
 import subprocess
 import sys
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -576,3 +578,21 @@ def test_the_compiled_plan_drafts_as_the_reference(name, padded):
                 p.finish(r)
     assert continued > 0
     assert np.array_equal(policies[0].acceptance.bias, policies[1].acceptance.bias)
+
+
+@pytest.mark.parametrize("how", ["no numba", "env"])
+def test_without_numba_the_policy_plans_in_python(how):
+    code = ("import sys\n"
+            + ("sys.modules['numba'] = None\n" if how == "no numba" else "")
+            + "from agentspec import policy\n"
+            "from agentspec.drafter import PROMPT, Request\n"
+            "assert policy._nb is None\n"
+            "p = policy.Policy(policy.ladder()['full'])\n"
+            "assert not p.compiled\n"
+            "p.register('s', PROMPT, [1, 2, 3, 4, 5, 6, 7, 8] * 4)\n"
+            "r = Request('r', 's', [9, 1, 2, 3], 4, role='code')\n"
+            "p.start(r)\n"
+            "assert p.propose([r])[0][:3] == [4, 5, 6]\n")
+    env = dict(os.environ, AGENTSPEC_NO_NUMBA="1" if how == "env" else "")
+    subprocess.run([sys.executable, "-c", code], check=True, env=env,
+                   cwd=Path(__file__).resolve().parent.parent, timeout=300)
