@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -157,3 +160,12 @@ def load_script(name: str):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+def run_without_numba(how: str, code: str) -> None:
+    """Run `code` in a fresh process where numba is missing ("no numba") or switched off
+    ("env": AGENTSPEC_NO_NUMBA=1); it fails the test by failing."""
+    code = ("import sys\nsys.modules['numba'] = None\n" if how == "no numba" else "") + code
+    env = dict(os.environ, AGENTSPEC_NO_NUMBA="1" if how == "env" else "")
+    subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=300,
+                   cwd=Path(__file__).resolve().parent.parent)

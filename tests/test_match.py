@@ -3,10 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,6 +12,7 @@ from hypothesis import strategies as st
 from agentspec.frequency import FREQUENCY_CLASSES, frequency_classes
 from agentspec import match as match_mod
 from agentspec.match import Corpus, Match, default_levels
+from conftest import run_without_numba
 
 try:  # the numba kernels, tested even where AGENTSPEC_NO_NUMBA=1 turned them off
     from agentspec import _match_nb
@@ -408,16 +405,11 @@ def test_kernels_build_the_same_index():
 @pytest.mark.parametrize("how", ["no numba", "env"])
 def test_numpy_path_is_the_fallback(how):
     """Without numba (or with AGENTSPEC_NO_NUMBA=1) the numpy path answers."""
-    code = ("import sys\n"
-            + ("sys.modules['numba'] = None\n" if how == "no numba" else "")
-            + "from agentspec import match\n"
-            "assert match._nb is None\n"
-            "c = match.Corpus()\n"
-            "c.extend([1, 2, 3, 1, 2])\n"
-            "assert c.match([1, 2], 2).tokens == [3, 1]\n")
-    env = dict(os.environ, AGENTSPEC_NO_NUMBA="1" if how == "env" else "")
-    subprocess.run([sys.executable, "-c", code], check=True, env=env,
-                   cwd=Path(__file__).resolve().parent.parent)
+    run_without_numba(how, "from agentspec import match\n"
+                           "assert match._nb is None\n"
+                           "c = match.Corpus()\n"
+                           "c.extend([1, 2, 3, 1, 2])\n"
+                           "assert c.match([1, 2], 2).tokens == [3, 1]\n")
 
 
 # ---------------------------------------------------------------- frequency drafts

@@ -1,11 +1,9 @@
 import json
 import math
-import os
 import re
 import subprocess
 import sys
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,7 +18,7 @@ from agentspec.policy import (Algorithm2, CostAware, Fixed, Longest, MostExpecte
                               PolicyConfig, draft_kind, emission_forms, ladder,
                               numbered_listings)
 from agentspec.tokens import CHATML, ChatTokenizer
-from conftest import tiny_tokenizer
+from conftest import run_without_numba, tiny_tokenizer
 
 try:  # the compiled plan, tested beside its reference where numba imports
     from agentspec import _policy_nb
@@ -582,17 +580,12 @@ def test_the_compiled_plan_drafts_as_the_reference(name, padded):
 
 @pytest.mark.parametrize("how", ["no numba", "env"])
 def test_without_numba_the_policy_plans_in_python(how):
-    code = ("import sys\n"
-            + ("sys.modules['numba'] = None\n" if how == "no numba" else "")
-            + "from agentspec import policy\n"
-            "from agentspec.drafter import PROMPT, Request\n"
-            "assert policy._nb is None\n"
-            "p = policy.Policy(policy.ladder()['full'])\n"
-            "assert not p.compiled\n"
-            "p.register('s', PROMPT, [1, 2, 3, 4, 5, 6, 7, 8] * 4)\n"
-            "r = Request('r', 's', [9, 1, 2, 3], 4, role='code')\n"
-            "p.start(r)\n"
-            "assert p.propose([r])[0][:3] == [4, 5, 6]\n")
-    env = dict(os.environ, AGENTSPEC_NO_NUMBA="1" if how == "env" else "")
-    subprocess.run([sys.executable, "-c", code], check=True, env=env,
-                   cwd=Path(__file__).resolve().parent.parent, timeout=300)
+    run_without_numba(how, "from agentspec import policy\n"
+                           "from agentspec.drafter import PROMPT, Request\n"
+                           "assert policy._nb is None\n"
+                           "p = policy.Policy(policy.ladder()['full'])\n"
+                           "assert not p.compiled\n"
+                           "p.register('s', PROMPT, [1, 2, 3, 4, 5, 6, 7, 8] * 4)\n"
+                           "r = Request('r', 's', [9, 1, 2, 3], 4, role='code')\n"
+                           "p.start(r)\n"
+                           "assert p.propose([r])[0][:3] == [4, 5, 6]\n")
