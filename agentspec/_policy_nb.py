@@ -12,7 +12,7 @@ import numpy as np
 from numba import njit
 
 from agentspec._accept_nb import best_length
-from agentspec._match_nb import frequent_candidate
+from agentspec._match_nb import frequent_candidate, lookup
 
 _NO_IDS = np.zeros(0, dtype=np.int64)
 
@@ -23,21 +23,53 @@ def plan_request(s_runs, s_tail_keys, s_tail_pos, s_tail_len, s_head, s_prev, s_
                  with_g, context, pw, levels, mask, want, max_k, max_context, min_prob,
                  share_edges, evidence_edges, worth, found, found_tokens, session_text,
                  kind_tables, token_classes, t, h, kt, kh, pt, ph, bin_of, width, pad,
-                 kind_shift, weight, bias, bits, with_ids, costs, copy_m, copy_rows, copy_ids,
+                 kind_shift, weight, bias, bits, with_ids, costs, look_context, first,
+                 candidates, look_k, a, b, copy_kinds, repeat, copy_m, copy_rows, copy_ids,
                  rate, ratios, slots, gain, extensions, ids, rows):
     """CostAware.drafts for one request: the copy (copy_m: its context length, 0: none;
     copy_rows, copy_ids as its Candidate holds them) and the frequency path after `context`
     (`frequent_candidate`, the token before it in ids[0], its kinds by extension depth in
-    kind_tables), each planned (`best_length`) at `rate` times a sent ratio (ratios[slots[i]]:
-    the copy's at i = 1 if there is a path, else 0; the path's at i = 2 + its extensions, see
-    policy._sent_keys); a candidate is sent where it gains more
-    than `gain` (and than the one before). A path sent to its end (under max_k) is
+    kind_tables), each planned (`best_length`) at `rate` times a sent ratio, ratios[slots[i]]
+    (policy._sent_keys: i = 0 for the copy alone, 1 beside a path; then the path's by its
+    extensions, alone and, after those, beside a copy). A candidate is sent where it gains
+    more than `gain` (and than the one before). A path sent to its end (under max_k) is
     continued by the path after it, up to `extensions` times, and sent longer where that
     gains more; it is scored longer either way. The path lands in ids (the token before,
     then its tokens) and rows. Returns (sent: -1 none, 0 the copy, 1 the path; its length
     n; its gain; the path's length, 0: none; the path's context length m; the extensions
-    in the draft sent; the path's length in the draft sent)."""
+    in the draft sent; the path's length in the draft sent; the lookup's answer, as
+    `_match_nb.lookup` gives it).
+
+    With look_k > 0 the copy is looked up in s here first (`Corpus.match`, from
+    `match.copy_lookup`: look_context, first, candidates, look_k, a, b), as the policy's
+    retrieval does when s is its only source: a continuation that runs up to the open end
+    of s repeats (with `repeat`) to max_k tokens, its kind is copy_kinds[0, 1 or 2] by the
+    agreement of its occurrences (`policy.draft_kind`), and its ids and rows are written
+    into copy_ids and copy_rows (of 1 + max_k and max_k)."""
+    looked = (0, 0, 0, 0, 0, 0, s_tail_len)
+    if look_k > 0:
+        looked = lookup(s_runs, s_tail_keys, s_tail_pos, s_tail_len, s_head, s_prev, s_buf,
+                       look_context, pw, levels, first, mask, candidates, look_k, a, b)
+        s_tail_len = looked[6]  # (the lookup indexed the step's tokens: the search reads them)
+        copy_m, chosen, n = looked[0], looked[1], looked[5]
+        if copy_m:
+            length = n
+            # it runs up to the output being written (a continuation stops before a
+            # boundary: it ends the buffer only in the open document): it repeats
+            if repeat and 0 < n < max_k and chosen + n == b:
+                length = max_k
+            kind = copy_kinds[0 if looked[2] <= 1 else 1 if looked[3] == looked[2] else 2]
+            copy_ids[0] = ids[0]
+            for j in range(length):
+                token = s_buf[chosen + j % n]
+                copy_ids[j + 1] = token
+                copy_rows[j] = kind
+                if len(token_classes):
+                    copy_rows[j] += token_classes[min(token, len(token_classes) - 1)]
+            copy_rows = copy_rows[:length]
+            copy_ids = copy_ids[: length + 1] if with_ids else _NO_IDS
     has_copy = copy_m > 0
+    path_slots = slots[2 + (len(slots) - 2) // 2 * has_copy:]
     length, m = frequent_candidate(
         s_runs, s_tail_keys, s_tail_pos, s_tail_len, s_head, s_prev, s_buf, s_open, open_len,
         g_runs, g_tail_keys, g_tail_pos, g_tail_len, g_head, g_prev, g_buf, with_g, context, pw,
@@ -54,9 +86,9 @@ def plan_request(s_runs, s_tail_keys, s_tail_pos, s_tail_len, s_head, s_prev, s_
     elif has_copy and 0.0 > gain:  # (an empty copy plans nothing and gains nothing)
         sent, n, gain = 0, 0, 0.0
     if not m:
-        return sent, n, gain, 0, 0, 0, 0
+        return sent, n, gain, 0, 0, 0, 0, looked
     f_n, f_gain = best_length(t, h, kt, kh, pt, ph, rows[:length], m, length, bin_of, width,
-                              pad, kind_shift, weight, costs, rate * ratios[slots[2]], bias,
+                              pad, kind_shift, weight, costs, rate * ratios[path_slots[0]], bias,
                               ids[: length + 1] if with_ids else _NO_IDS, bits)
     if f_gain > gain:
         sent, n, gain, sent_length = 1, f_n, f_gain, length
@@ -78,9 +110,9 @@ def plan_request(s_runs, s_tail_keys, s_tail_pos, s_tail_len, s_head, s_prev, s_
         length += more
         e_n, e_gain = best_length(t, h, kt, kh, pt, ph, rows[:length], m, length, bin_of,
                                   width, pad, kind_shift, weight, costs,
-                                  rate * ratios[slots[3 + d]], bias,
+                                  rate * ratios[path_slots[d + 1]], bias,
                                   ids[: length + 1] if with_ids else _NO_IDS, bits)
         if e_gain <= gain:
             break
         n, gain, depth, sent_length = e_n, e_gain, d + 1, length
-    return sent, n, gain, length, m, depth, sent_length
+    return sent, n, gain, length, m, depth, sent_length, looked

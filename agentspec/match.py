@@ -583,28 +583,18 @@ class Corpus:
     def match(self, context, k: int) -> Match:
         """Longest suffix of `context` in the corpus and up to k tokens that followed it."""
         ctx = self._context(context)
-        L = len(ctx)
-        # compiled, tokens that fit the tail as it is are indexed in the lookup's own call
-        # (a decoding step's few); others now
-        pending = self._n - self._indexed
-        if pending and (self._nb is None or L < self.min_match or self._held == 0
-                        or self._tail_len + pending > len(self._tail_pos)
-                        or self._n - self._tail_start > self.tail_max):
+        if self._nb is not None:  # all of the below, and the vote, in one compiled call
+            window = self._lookup_window(ctx, k)
+            if window is None:
+                return _no_match()
+            return self.looked_up(*self._nb.lookup(
+                *self._nb_state(), ctx, self._pw, self._levels_arr, self._first,
+                np.uint32(_KEY_MASK), self.max_candidates, *window, self._n))
+        if self._n > self._indexed:
             self.flush()
+        L = len(ctx)
         if L < self.min_match or self._held == 0:
             return _no_match()
-        if self._nb is not None:  # all of the below, and the vote, in one compiled call
-            a, self._indexed = self._indexed, self._n
-            m, chosen, n_cand, members, agreed, n, self._tail_len = self._nb.lookup(
-                self._nb_runs, self._tail_keys, self._tail_pos, self._tail_len, *self._chains(),
-                self._buf, ctx,
-                self._pw, self._levels_arr, self._first, np.uint32(_KEY_MASK),
-                self.max_candidates, min(int(k), self._n), a, self._n)
-            self._chain_if_long()
-            if not m:
-                return _no_match()
-            return self._answer(m, chosen, self._buf[chosen : chosen + n], n_cand, members,
-                                agreed)
         levels = self.levels
         fwd = min(max(int(k), 3), self._W)  # continuation tokens read with each candidate
         # keys of the context's last q tokens (garbage for levels longer than L)
@@ -623,6 +613,31 @@ class Corpus:
             if found is not None:
                 return self._vote(*found, q, m, k)
         return _no_match()
+
+    def _lookup_window(self, ctx: np.ndarray, k: int) -> tuple[int, int] | None:
+        """A compiled lookup of an int32 context (`_context`) up to its kernel call: (the
+        continuation's most tokens, the first buffer slot the kernel indexes), or None where
+        nothing can match. The tokens added since the last lookup that fit the tail as it
+        is are indexed in the kernel's own call (a decoding step's few); others now."""
+        L = len(ctx)
+        pending = self._n - self._indexed
+        if pending and (L < self.min_match or self._held == 0
+                        or self._tail_len + pending > len(self._tail_pos)
+                        or self._n - self._tail_start > self.tail_max):
+            self.flush()
+        if L < self.min_match or self._held == 0:
+            return None
+        a, self._indexed = self._indexed, self._n
+        return min(int(k), self._n), a
+
+    def looked_up(self, m: int, chosen: int, n_cand: int, members: int, agreed: int, n: int,
+                  tail_len: int) -> Match:
+        """The Match of `_match_nb.lookup`'s answer (see `_lookup_window`, `copy_lookup`)."""
+        self._tail_len = tail_len
+        self._chain_if_long()
+        if not m:
+            return _no_match()
+        return self._answer(m, chosen, self._buf[chosen : chosen + n], n_cand, members, agreed)
 
     def _recent_occurrences(self, i: int, key: np.uint32, q: int, ctx: np.ndarray, top: int,
                             cap: int, want: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -929,6 +944,17 @@ def frequent_candidate(session: Corpus, outputs: Corpus | None, context, k: int,
     rows = token_rows(kinds[0 if from_session else 1].take(d.classes), d.tokens, token_classes)
     return d.tokens, d.match_len, np.concatenate((prefix_ids, d.tokens)).astype(np.int64), \
         np.concatenate((prefix_rows, rows)).astype(np.int64)
+
+
+def copy_lookup(corpus: Corpus, context, k: int) -> tuple:
+    """What a kernel that looks a copy up in a compiled corpus itself (as `Corpus.match`,
+    with `_match_nb.lookup`) reads besides the corpus's state: (the context as int32, the
+    first level copies read, occurrences that vote, the continuation's most tokens (0:
+    nothing can match), the first slot to index, the buffer's end). Its answer goes to
+    `corpus.looked_up`."""
+    ctx = corpus._context(context)
+    window = corpus._lookup_window(ctx, k)
+    return (ctx, corpus._first, corpus.max_candidates, *(window or (0, 0)), corpus._n)
 
 
 def frequent_search(session: Corpus, outputs: Corpus | None, context, k: int,

@@ -48,8 +48,8 @@ from agentspec.costs import linear_costs
 from agentspec.drafter import FILE, OUTPUT, PROMPT, Request
 from agentspec.frequency import FREQUENCY_CLASSES
 from agentspec.learned_costs import LearnedCosts
-from agentspec.match import (TAIL_MAX, Corpus, Match, context_ids, frequent_buffers,
-                             frequent_candidate, frequent_search)
+from agentspec.match import (TAIL_MAX, Corpus, Match, context_ids, copy_lookup,
+                             frequent_buffers, frequent_candidate, frequent_search)
 from agentspec.structure import BlockTracker, StructureError, parse_structure
 
 # the numba kernel of CostAware's plan (agentspec/_policy_nb.py) where numba imports, as
@@ -68,6 +68,7 @@ _kernels_ready = False  # see warm_up
 NO_MATCH = Match(length=0, tokens=[], candidates=0, agree=0, agreed=0, position=-1)
 NO_ROWS = np.zeros(0, dtype=np.int64)  # (a frequency path that continues none)
 NO_CONTEXT = np.zeros(0, dtype=np.int32)  # (no frequency search)
+NO_LOOKUP = (NO_CONTEXT, 0, 1, 0, 0, 0)  # (match.copy_lookup's form: no lookup)
 
 
 def _check(strategy, field_: str, ok: bool, why: str) -> None:
@@ -224,24 +225,40 @@ class CostAware:
 
     def _plan_compiled(self, policy: Policy, r: Request, m: Match, run: _Running,
                        costs: np.ndarray, padded: bool) -> tuple[list[int], float]:
-        """`_plan` as one kernel call: the copy here, the rest in `_policy_nb.plan_request`."""
+        """`_plan` as one kernel call (`_policy_nb.plan_request`), with the step's lookup in
+        S where the policy left it to the plan (`Policy._plan_looks_up`)."""
         max_k, acceptance = policy.config.max_k, policy.acceptance
-        copy = self._copy(policy, r, m, run.source)
+        s = policy.sessions[r.session].s
+        ids, rows = np.empty(max_k + 1, dtype=np.int64), np.empty(max_k, dtype=np.int64)
+        ids[0] = r.tokens[-1] if r.tokens else 0  # the token the drafts follow
+        if run.looks_up:  # (first: the lookup indexes the step's tokens, the search reads them)
+            look, copy = copy_lookup(s, run.context, max_k), None
+            copy_rows, copy_ids = np.empty(max_k, dtype=np.int64), np.empty(max_k + 1,
+                                                                             dtype=np.int64)
+        else:
+            look, copy = NO_LOOKUP, self._copy(policy, r, m, run.source)
+            copy_rows, copy_ids = (copy.rows, copy.ids) if copy else (NO_ROWS, NO_IDS)
         search = self.frequency and policy.config.session
         run.worth = policy.path_worth(r.role) if search and self.learned_paths else None
-        keys = _sent_keys(r.role, copy is not None)
+        keys = _sent_keys(r.role)
         slots = acceptance.ratio_slots(keys)
-        ids, rows = np.empty(max_k + 1, dtype=np.int64), np.empty(max_k, dtype=np.int64)
-        ids[0] = r.tokens[-1] if r.tokens else 0  # the token the path follows
-        s = policy.sessions[r.session].s
-        sent, n, gain, length, path_m, depth, sent_length = _nb.plan_request(
+        sent, n, gain, length, path_m, depth, sent_length, found = _nb.plan_request(
             *frequent_search(s, policy.g, run.context if search else NO_CONTEXT, max_k,
                              run.worth),
             *frequent_buffers(max_k), self.session_text, policy.frequency_kind_array,
             policy.token_classes, *acceptance.kernel_tables(r.role), self.token_bias, costs,
-            copy.m if copy else 0, copy.rows if copy else NO_ROWS, copy.ids if copy else NO_IDS,
-            acceptance.rate, acceptance.ratios, slots, -np.inf if padded else 0.0,
+            *look, policy.copy_kinds, policy.config.follow, copy.m if copy else 0, copy_rows,
+            copy_ids, acceptance.rate, acceptance.ratios, slots, -np.inf if padded else 0.0,
             EXTENSIONS if self.extend else 0, ids, rows)
+        if run.looks_up:  # what retrieval would have found: S's match, chosen as it is
+            run.match = policy._repeated(s, s.looked_up(*found), max_k)
+            if run.match.length:
+                run.source = draft_kind("S", run.match)
+                tokens = run.match.tokens[:max_k]
+                copy = Candidate(tokens, run.match.length, copy_rows[:len(tokens)],
+                                 copy_ids[: len(tokens) + 1] if self.token_bias else NO_IDS)
+            else:
+                run.source = ""
         path = Candidate(ids[1 : length + 1].tolist(), path_m, rows[:length],
                          ids[: length + 1] if self.token_bias else NO_IDS, frequency=True) \
             if length else None
@@ -253,7 +270,7 @@ class CostAware:
             run.sent = path if sent_length == length else Candidate(
                 path.tokens[:sent_length], path_m, path.rows[:sent_length],
                 path.ids[: sent_length + 1] if self.token_bias else NO_IDS, frequency=True)
-            run.sent_key = keys[2] + "+" * depth
+            run.sent_key = keys[2 + (EXTENSIONS + 1) * (copy is not None) + depth]
         return (run.sent.tokens[:n] if run.sent else []), gain
 
     def _candidates(self, policy: Policy, r: Request, m: Match, run: _Running
@@ -463,6 +480,7 @@ class _Running:
     expected: float = 0.0  # the acceptance model's expected accepted tokens of the draft sent
     sent_key: str = ""  # whose sent ratio priced it (`sent_key`, a "+" per extension)
     worth: np.ndarray | None = None  # Policy.path_worth, as this step's frequency paths read it
+    looks_up: bool = False  # the step's copy is looked up by the compiled plan (see propose)
 
 
 @dataclass
@@ -488,12 +506,13 @@ def sent_key(role: str, frequency: bool, candidates: int) -> str:
 
 
 @lru_cache(maxsize=256)
-def _sent_keys(role: str, copy: bool) -> tuple[str, ...]:
+def _sent_keys(role: str) -> tuple[str, ...]:
     """The keys a compiled plan may price with (`_policy_nb.plan_request`): the copy's, as
-    the step's only candidate and beside a path; then the path's, and its continuations'."""
-    path = sent_key(role, True, 1 + copy)
+    the step's only candidate and beside a path; then the path's, and its continuations',
+    as the only candidate and beside a copy."""
     return (sent_key(role, False, 1), sent_key(role, False, 2),
-            *(path + "+" * depth for depth in range(EXTENSIONS + 1)))
+            *(sent_key(role, True, candidates) + "+" * depth
+              for candidates in (1, 2) for depth in range(EXTENSIONS + 1)))
 
 
 # a line of a numbered listing: SWE-agent's viewer and grep -n ("12:text"), cat -n and nl
@@ -594,6 +613,12 @@ class Policy:
         # plans in one compiled call (CostAware._plan_compiled) where every kernel it
         # stands for is in use: the corpora's and the acceptance model's
         self.compiled = _nb is not None and match._nb is not None and allocator._nb is not None
+        # the kinds of copies from S, by draft_kind's agreement ("1", "=", "~"), as a
+        # compiled plan that looks the copy up itself gives them (see _plan_looks_up)
+        self.copy_kinds = np.array([self.acceptance.kind("S" + a) for a in "1=~"])
+        self._lookup_in_plan = isinstance(config.length, CostAware) \
+            and isinstance(config.choose, MostExpected) and config.session \
+            and not config.isolate_only and not self._copies_from_g
         warm_up(token_bytes)
 
     def _corpus(self, max_tokens: int) -> Corpus:
@@ -704,10 +729,26 @@ class Policy:
         continuation that runs up to the output's last token (the output is repeating
         itself) goes on repeating that stretch, as an overlapping copy does: the next tokens
         of the copy are the ones it is about to write."""
-        m = corpus.match(ctx, k)
+        return self._repeated(corpus, corpus.match(ctx, k), k)
+
+    def _repeated(self, corpus: Corpus, m: Match, k: int) -> Match:
+        """m, with `follow`, repeated to k tokens where it runs into the open end of the
+        corpus (see `_written`)."""
         if self.config.follow and 0 < len(m.tokens) < k and corpus.reaches_open_end(m):
             m = replace(m, tokens=(m.tokens * (k // len(m.tokens) + 1))[:k])
         return m
+
+    def _plan_looks_up(self, request: Request, run: _Running) -> bool:
+        """Whether the compiled plan looks the copy up itself (`CostAware._plan_compiled`):
+        where retrieval would read S alone (`_candidates`: no block history of the open
+        block, no W, no copies from G) and MostExpected would take its match as it is."""
+        if not (self.compiled and self._lookup_in_plan):
+            return False
+        st = self.sessions[request.session]
+        if not len(st.s) or (self.config.workspace and len(st.w)):
+            return False
+        label = run.tracker.block if run.tracker else None
+        return label is None or (request.agent, request.query, label) not in st.blocks
 
     def _retrieve(self, request: Request, run: _Running, k: int) -> tuple[str, Match]:
         return self.config.choose.choose(self, request, self._candidates(request, run, k))
@@ -723,13 +764,18 @@ class Policy:
 
     def propose(self, batch: Sequence[Request], padded: bool = False) -> list[list[int]]:
         cfg = self.config
+        # every row's new tokens first: each row's lookups, in retrieval or in the plan,
+        # read the same text (rows of one session share S)
+        news = [self._absorb(r, self.running[r.id]) for r in batch]
         matches = []
-        for r in batch:
+        for r, new in zip(batch, news):
             run = self.running[r.id]
-            new = self._absorb(r, run)
             run.context = context_ids(r.tokens[-cfg.max_k:])  # once, for every corpus
             followed = self._follow(run, new) if new and cfg.follow else None
-            if followed is None:
+            run.looks_up = followed is None and self._plan_looks_up(r, run)
+            if run.looks_up:
+                followed = NO_MATCH  # (until the plan's lookup: CostAware._plan_compiled)
+            elif followed is None:
                 run.source, followed = self._retrieve(r, run, cfg.max_k)
             run.match = followed
             matches.append(followed)
@@ -804,6 +850,8 @@ def warm_up(token_bytes: list[bytes] | None = None) -> None:
             policy.observe(r, len(draft), accepted)
     for r in rows:
         policy.finish(r)
+    # a lookup outside the plan, as retrieval makes where S is not the only source
+    policy.sessions["warm-up"].s.match(text[:20], 8)
     # a text longer than a tail: indexing it seals a sorted run
     policy.register("warm-up", PROMPT, rng.integers(0, vocab, TAIL_MAX + 1).tolist())
     policy.start(Request("warm-up#2", "warm-up", text[:20], 20, role="code"))

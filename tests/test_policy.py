@@ -530,7 +530,9 @@ def test_building_a_policy_compiles_the_kernels_its_steps_call():
 def test_the_compiled_plan_drafts_as_the_reference(name, padded):
     # two policies in lockstep, one planning in the kernel and one in Python, on text of
     # repeated phrases (frequency paths taken whole and continued): every step's drafts,
-    # candidates and keys are the same, and so is what both learn from them
+    # candidates and keys are the same, and so is what both learn from them; the kernel
+    # looks the copy up itself while S is the only source, and is handed it once a file
+    # (W) is another
     rng = np.random.default_rng(1)
     phrases = [rng.integers(0, 40, int(rng.integers(2, 9))).tolist() for _ in range(10)]
 
@@ -541,12 +543,14 @@ def test_the_compiled_plan_drafts_as_the_reference(name, padded):
     policies = [Policy(ladder()[name], global_seed=seed) for _ in range(2)]
     policies[1].compiled = False
     assert policies[0].compiled
-    continued = 0
+    continued, looked_up = 0, set()
     for call in range(4):
-        prompt, targets = text(30), [text(12), text(12)]
+        prompt, targets, file = text(30), [text(12), text(12)], text(10)
         rows = []
         for p in policies:
             p.register("s", PROMPT, prompt)
+            if call == 2:
+                p.register("s", FILE, file, path="f.py")
             rows.append([request(f"c{call}-{i}", "s", prompt) for i in range(2)])
             for r in rows[-1]:
                 p.start(r)
@@ -565,6 +569,7 @@ def test_the_compiled_plan_drafts_as_the_reference(name, padded):
                     assert (a.sent.tokens, a.sent.rows.tolist()) == \
                         (b.sent.tokens, b.sent.rows.tolist())
                 continued += "+" in a.sent_key
+                looked_up.add(a.looks_up)
                 written = len(rows[0][i].tokens) - len(prompt)
                 truth = targets[i][written : written + len(draft) + 1]
                 accepted = scored(draft, truth)[1]
@@ -574,7 +579,7 @@ def test_the_compiled_plan_drafts_as_the_reference(name, padded):
         for p, rs in zip(policies, rows):
             for r in rs:
                 p.finish(r)
-    assert continued > 0
+    assert continued > 0 and looked_up == {True, False}
     assert np.array_equal(policies[0].acceptance.bias, policies[1].acceptance.bias)
 
 
