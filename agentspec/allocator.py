@@ -237,7 +237,10 @@ class AcceptanceModel:
             p, a = self.sent.get(key, (SENT_PRIOR, SENT_PRIOR))
             p, a = p * decay + predicted, a * decay + accepted
             self.sent[key] = (p, a)
-            self.ratios[self.ratio_slots((key,))[0]] = min(2.0, max(0.5, p / a))
+            slot = self._slot.get(key)
+            if slot is None:
+                slot = self.ratio_slots((key,))[0]
+            self.ratios[slot] = min(2.0, max(0.5, p / a))
 
     def planning_rate(self, key: str) -> float:
         """What a plan prices a step's worth at, in tokens: R, times the sent ratio."""
