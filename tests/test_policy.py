@@ -529,21 +529,23 @@ def test_building_a_policy_compiles_the_kernels_its_steps_call():
                                           ("full-sent-only", False)])
 def test_the_compiled_plan_drafts_as_the_reference(name, padded):
     # two policies in lockstep, one planning in the kernel and one in Python, on text of
-    # repeated phrases (frequency paths taken whole and continued): every step's drafts,
-    # candidates and keys are the same, and so is what both learn from them; the kernel
-    # looks the copy up itself while S is the only source, and is handed it once a file
-    # (W) is another
+    # repeated phrases (frequency paths taken whole and continued) with fenced blocks:
+    # every step's drafts, candidates and keys are the same, and so is what both learn
+    # from them; the kernel looks the copy up itself while S is the only source, and is
+    # handed it where block history or a file (W) is another
     rng = np.random.default_rng(1)
     phrases = [rng.integers(0, 40, int(rng.integers(2, 9))).tolist() for _ in range(10)]
+    token_bytes = [b"```"] + [b" w%d" % t for t in range(1, 40)]
 
     def text(n):
         return [t for _ in range(n) for t in phrases[int(rng.integers(0, len(phrases)))]]
 
     seed = [text(20) for _ in range(4)]
-    policies = [Policy(ladder()[name], global_seed=seed) for _ in range(2)]
+    policies = [Policy(ladder()[name], global_seed=seed, token_bytes=token_bytes)
+                for _ in range(2)]
     policies[1].compiled = False
     assert policies[0].compiled
-    continued, looked_up = 0, set()
+    continued, looked_up, sources = 0, set(), set()
     for call in range(4):
         prompt, targets, file = text(30), [text(12), text(12)], text(10)
         rows = []
@@ -551,7 +553,8 @@ def test_the_compiled_plan_drafts_as_the_reference(name, padded):
             p.register("s", PROMPT, prompt)
             if call == 2:
                 p.register("s", FILE, file, path="f.py")
-            rows.append([request(f"c{call}-{i}", "s", prompt) for i in range(2)])
+            rows.append([Request(f"c{call}-{i}", "s", list(prompt), len(prompt), role="code",
+                                 structure=(("```", "```"),)) for i in range(2)])
             for r in rows[-1]:
                 p.start(r)
         while all(len(r.tokens) - len(prompt) < len(t) for r, t in zip(rows[0], targets)):
@@ -570,6 +573,7 @@ def test_the_compiled_plan_drafts_as_the_reference(name, padded):
                         (b.sent.tokens, b.sent.rows.tolist())
                 continued += "+" in a.sent_key
                 looked_up.add(a.looks_up)
+                sources.add(a.source[:1])
                 written = len(rows[0][i].tokens) - len(prompt)
                 truth = targets[i][written : written + len(draft) + 1]
                 accepted = scored(draft, truth)[1]
@@ -579,7 +583,7 @@ def test_the_compiled_plan_drafts_as_the_reference(name, padded):
         for p, rs in zip(policies, rows):
             for r in rs:
                 p.finish(r)
-    assert continued > 0 and looked_up == {True, False}
+    assert continued > 0 and looked_up == {True, False} and {"S", "B", "W"} <= sources
     assert np.array_equal(policies[0].acceptance.bias, policies[1].acceptance.bias)
 
 
