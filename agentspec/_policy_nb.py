@@ -42,34 +42,22 @@ def plan_request(s_runs, s_tail_keys, s_tail_pos, s_tail_len, s_head, s_prev, s_
 
     With look_k > 0 the copy is looked up in s here first (`Corpus.match`, from
     `match.copy_lookup`: look_context, first, candidates, look_k, a, b), as the policy's
-    retrieval does when s is its only source: a continuation that runs up to the open end
-    of s repeats (with `repeat`) to max_k tokens, its kind is copy_kinds[0, 1 or 2] by the
-    agreement of its occurrences (`policy.draft_kind`), and its ids and rows are written
-    into copy_ids and copy_rows (of 1 + max_k and max_k)."""
+    retrieval does when s is its only source, and written into copy_rows and copy_ids (of
+    max_k and 1 + max_k) by `_write_copy`."""
     looked = (0, 0, 0, 0, 0, 0, s_tail_len)
     if look_k > 0:
         looked = lookup(s_runs, s_tail_keys, s_tail_pos, s_tail_len, s_head, s_prev, s_buf,
-                       look_context, pw, levels, first, mask, candidates, look_k, a, b)
+                        look_context, pw, levels, first, mask, candidates, look_k, a, b)
         s_tail_len = looked[6]  # (the lookup indexed the step's tokens: the search reads them)
-        copy_m, chosen, n = looked[0], looked[1], looked[5]
+        copy_m = looked[0]
         if copy_m:
-            length = n
-            # it runs up to the output being written (a continuation stops before a
-            # boundary: it ends the buffer only in the open document): it repeats
-            if repeat and 0 < n < max_k and chosen + n == b:
-                length = max_k
-            kind = copy_kinds[0 if looked[2] <= 1 else 1 if looked[3] == looked[2] else 2]
-            copy_ids[0] = ids[0]
-            for j in range(length):
-                token = s_buf[chosen + j % n]
-                copy_ids[j + 1] = token
-                copy_rows[j] = kind
-                if len(token_classes):
-                    copy_rows[j] += token_classes[min(token, len(token_classes) - 1)]
+            length = _write_copy(s_buf, looked, b, max_k, repeat, copy_kinds, token_classes,
+                                 ids[0], copy_rows, copy_ids)
             copy_rows = copy_rows[:length]
             copy_ids = copy_ids[: length + 1] if with_ids else _NO_IDS
     has_copy = copy_m > 0
-    path_slots = slots[2 + (len(slots) - 2) // 2 * has_copy:]
+    # the path's ratios: the second half of slots after the copy's two where it has a rival
+    path_slots = slots[2 + (len(slots) - 2) // 2 * has_copy :]
     length, m = frequent_candidate(
         s_runs, s_tail_keys, s_tail_pos, s_tail_len, s_head, s_prev, s_buf, s_open, open_len,
         g_runs, g_tail_keys, g_tail_pos, g_tail_len, g_head, g_prev, g_buf, with_g, context, pw,
@@ -102,8 +90,8 @@ def plan_request(s_runs, s_tail_keys, s_tail_pos, s_tail_len, s_head, s_prev, s_
         more, _ = frequent_candidate(
             s_runs, s_tail_keys, s_tail_pos, s_tail_len, s_head, s_prev, s_buf, s_open,
             open_len, g_runs, g_tail_keys, g_tail_pos, g_tail_len, g_head, g_prev, g_buf,
-            with_g, longer[-max_k:], pw, levels, mask, want, max_k - length, max_context, min_prob,
-            share_edges, evidence_edges, worth, found, found_tokens, session_text,
+            with_g, longer[-max_k:], pw, levels, mask, want, max_k - length, max_context,
+            min_prob, share_edges, evidence_edges, worth, found, found_tokens, session_text,
             kind_tables[d + 1], token_classes, ids[: length + 1], rows[:length], ids, rows)
         if not more:
             break
@@ -116,3 +104,24 @@ def plan_request(s_runs, s_tail_keys, s_tail_pos, s_tail_len, s_head, s_prev, s_
             break
         n, gain, depth, sent_length = e_n, e_gain, d + 1, length
     return sent, n, gain, length, m, depth, sent_length, looked
+
+
+@njit(cache=True)
+def _write_copy(buf, looked, end, max_k, repeat, kinds, token_classes, before, rows, ids):
+    """The continuation `lookup` chose (looked: its answer) as a copy candidate: its ids
+    (`before`, then its tokens) and rows into ids and rows; returns its length. One that
+    runs up to the end of the buffer (a continuation stops before a boundary, so it ends
+    there only in the open document, the output being written) repeats, with `repeat`,
+    to max_k tokens, as `Policy._written` repeats it; its kind is kinds[0, 1 or 2] by the
+    agreement of its occurrences, as `policy.draft_kind` gives it."""
+    _, chosen, occurrences, agree, _, n, _ = looked
+    length = max_k if repeat and 0 < n < max_k and chosen + n == end else n
+    kind = kinds[0 if occurrences <= 1 else 1 if agree == occurrences else 2]
+    ids[0] = before
+    for j in range(length):
+        token = buf[chosen + j % n]
+        ids[j + 1] = token
+        rows[j] = kind
+        if len(token_classes):
+            rows[j] += token_classes[min(token, len(token_classes) - 1)]
+    return length

@@ -242,7 +242,7 @@ class CostAware:
         run.worth = policy.path_worth(r.role) if search and self.learned_paths else None
         keys = _sent_keys(r.role)
         slots = acceptance.ratio_slots(keys)
-        sent, n, gain, length, path_m, depth, sent_length, found = _nb.plan_request(
+        sent, n, gain, length, path_m, depth, sent_length, looked = _nb.plan_request(
             *frequent_search(s, policy.g, run.context if search else NO_CONTEXT, max_k,
                              run.worth),
             *frequent_buffers(max_k), self.session_text, policy.frequency_kind_array,
@@ -251,7 +251,7 @@ class CostAware:
             copy_ids, acceptance.rate, acceptance.ratios, slots, -np.inf if padded else 0.0,
             EXTENSIONS if self.extend else 0, ids, rows)
         if run.looks_up:  # what retrieval would have found: S's match, chosen as it is
-            run.match = policy._repeated(s, s.looked_up(*found), max_k)
+            run.match = policy.repeated(s, s.looked_up(*looked), max_k)
             if run.match.length:
                 run.source = draft_kind("S", run.match)
                 tokens = run.match.tokens[:max_k]
@@ -729,9 +729,9 @@ class Policy:
         continuation that runs up to the output's last token (the output is repeating
         itself) goes on repeating that stretch, as an overlapping copy does: the next tokens
         of the copy are the ones it is about to write."""
-        return self._repeated(corpus, corpus.match(ctx, k), k)
+        return self.repeated(corpus, corpus.match(ctx, k), k)
 
-    def _repeated(self, corpus: Corpus, m: Match, k: int) -> Match:
+    def repeated(self, corpus: Corpus, m: Match, k: int) -> Match:
         """m, with `follow`, repeated to k tokens where it runs into the open end of the
         corpus (see `_written`)."""
         if self.config.follow and 0 < len(m.tokens) < k and corpus.reaches_open_end(m):
