@@ -226,7 +226,7 @@ class CostAware:
     def _plan_compiled(self, policy: Policy, r: Request, m: Match, run: _Running,
                        costs: np.ndarray, padded: bool) -> tuple[list[int], float]:
         """`_plan` as one kernel call (`_policy_nb.plan_request`), with the step's lookup in
-        S where the policy left it to the plan (`Policy._plan_looks_up`)."""
+        S where the policy left it to the plan (see `Policy.propose`)."""
         max_k, acceptance = policy.config.max_k, policy.acceptance
         s = policy.sessions[r.session].s
         ids, rows = np.empty(max_k + 1, dtype=np.int64), np.empty(max_k, dtype=np.int64)
@@ -614,11 +614,11 @@ class Policy:
         # stands for is in use: the corpora's and the acceptance model's
         self.compiled = _nb is not None and match._nb is not None and allocator._nb is not None
         # the kinds of copies from S, by draft_kind's agreement ("1", "=", "~"), as a
-        # compiled plan that looks the copy up itself gives them (see _plan_looks_up)
+        # compiled plan that looks the copy up itself gives them (see propose)
         self.copy_kinds = np.array([self.acceptance.kind("S" + a) for a in "1=~"])
+        # whether a compiled plan may: MostExpected takes a lone match as it is
         self._lookup_in_plan = isinstance(config.length, CostAware) \
-            and isinstance(config.choose, MostExpected) and config.session \
-            and not config.isolate_only and not self._copies_from_g
+            and isinstance(config.choose, MostExpected)
         warm_up(token_bytes)
 
     def _corpus(self, max_tokens: int) -> Corpus:
@@ -702,26 +702,33 @@ class Policy:
             st.blocks[key] = Corpus(max_tokens=self.config.s_max_tokens)
         return st.blocks[key]
 
-    def _candidates(self, request: Request, run: _Running, k: int) -> list[tuple[str, Match]]:
-        """The match of every corpus this request may draft from, tagged by source."""
+    def _sources(self, request: Request, run: _Running) -> list[tuple[str, Corpus]]:
+        """The corpora this request's retrieval reads, tagged by source, in the order ties
+        keep them: the open block's history, S, W, G."""
         cfg = self.config
         st = self.sessions[request.session]
-        ctx = run.context
-        found = []
+        sources = []
         if cfg.isolate:
             label = run.tracker.block if run.tracker else None
             key = (request.agent, request.query, label)
             # outside every block, S already holds all of the block history: skip it
             if key in st.blocks and (label is not None or cfg.isolate_only):
-                found.append(("B", self._written(st.blocks[key], ctx, k)))
+                sources.append(("B", st.blocks[key]))
             if cfg.isolate_only:
-                return found
+                return sources
         if cfg.session and len(st.s):
-            found.append(("S", self._written(st.s, ctx, k)))
-        for source, corpus in (("W", st.w if cfg.workspace else None),
-                               ("G", self.g if self._copies_from_g else None)):
-            if corpus is not None and len(corpus):
-                found.append((source, corpus.match(ctx, k)))
+            sources.append(("S", st.s))
+        if cfg.workspace and len(st.w):
+            sources.append(("W", st.w))
+        if self._copies_from_g and self.g is not None and len(self.g):
+            sources.append(("G", self.g))
+        return sources
+
+    def _candidates(self, run: _Running, sources: list[tuple[str, Corpus]], k: int
+                    ) -> list[tuple[str, Match]]:
+        """The match in each of the sources, tagged by source (those that matched)."""
+        found = [(src, self._written(corpus, run.context, k) if src in ("B", "S")
+                  else corpus.match(run.context, k)) for src, corpus in sources]
         return [(src, m) for src, m in found if m.length]
 
     def _written(self, corpus: Corpus, ctx: list[int], k: int) -> Match:
@@ -737,21 +744,6 @@ class Policy:
         if self.config.follow and 0 < len(m.tokens) < k and corpus.reaches_open_end(m):
             m = replace(m, tokens=(m.tokens * (k // len(m.tokens) + 1))[:k])
         return m
-
-    def _plan_looks_up(self, request: Request, run: _Running) -> bool:
-        """Whether the compiled plan looks the copy up itself (`CostAware._plan_compiled`):
-        where retrieval would read S alone (`_candidates`: no block history of the open
-        block, no W, no copies from G) and MostExpected would take its match as it is."""
-        if not (self.compiled and self._lookup_in_plan):
-            return False
-        st = self.sessions[request.session]
-        if not len(st.s) or (self.config.workspace and len(st.w)):
-            return False
-        label = run.tracker.block if run.tracker else None
-        return label is None or (request.agent, request.query, label) not in st.blocks
-
-    def _retrieve(self, request: Request, run: _Running, k: int) -> tuple[str, Match]:
-        return self.config.choose.choose(self, request, self._candidates(request, run, k))
 
     def _follow(self, run: _Running, new: list[int]) -> Match | None:
         """While the output keeps copying the last continuation, keep reading it: the
@@ -772,11 +764,18 @@ class Policy:
             run = self.running[r.id]
             run.context = context_ids(r.tokens[-cfg.max_k:])  # once, for every corpus
             followed = self._follow(run, new) if new and cfg.follow else None
-            run.looks_up = followed is None and self._plan_looks_up(r, run)
-            if run.looks_up:
-                followed = NO_MATCH  # (until the plan's lookup: CostAware._plan_compiled)
-            elif followed is None:
-                run.source, followed = self._retrieve(r, run, cfg.max_k)
+            run.looks_up = False
+            if followed is None:
+                sources = self._sources(r, run)
+                # where S alone is read, and its match taken as it is, the compiled plan looks
+                # it up in its own call (CostAware._plan_compiled sets the match and source)
+                run.looks_up = self.compiled and self._lookup_in_plan and len(sources) == 1 \
+                    and sources[0][0] == "S"
+                if run.looks_up:
+                    followed = NO_MATCH
+                else:
+                    run.source, followed = cfg.choose.choose(
+                        self, r, self._candidates(run, sources, cfg.max_k))
             run.match = followed
             matches.append(followed)
         return cfg.length.drafts(self, batch, matches, padded)
