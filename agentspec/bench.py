@@ -37,6 +37,10 @@ class BenchSetup:
     lam: float | None = None  # None: the cost profile's lambda(b) at each batch size, else 0.2
     kmax: KmaxTable | None = None
     global_seed: list[list[int]] = field(default_factory=list)
+    # the recorded sessions whose outputs are global_seed, where those outputs are the
+    # target's own (a replay of the same trace): the policy methods serve them first (see
+    # Policy.serve_recorded), their past outputs and what their acceptances taught alike
+    served: list[TokenizedSession] = field(default_factory=list)
     profile: CostProfile | None = None
     token_bytes: list[bytes] | None = None
 
@@ -69,16 +73,19 @@ def make_drafter(name: str, setup: BenchSetup) -> Drafter:
         seed = setup.global_seed if name == "suffix" else ()
         return SuffixDrafter(global_seed=seed, name=name)
     tok = setup.tokenizer
-    return Policy(ladder(setup.lam_at(1))[name], encode=tok.encode if tok else None,
-                  decode=tok.decode if tok else None, token_bytes=setup.token_bytes,
-                  kmax=setup.kmax, draft_costs=setup.draft_costs, lam_at=setup.lam_at,
-                  global_seed=setup.global_seed)
+    policy = Policy(ladder(setup.lam_at(1))[name], encode=tok.encode if tok else None,
+                    decode=tok.decode if tok else None, token_bytes=setup.token_bytes,
+                    kmax=setup.kmax, draft_costs=setup.draft_costs, lam_at=setup.lam_at,
+                    global_seed=() if setup.served else setup.global_seed)
+    policy.serve_recorded(setup.served)
+    return policy
 
 
 def knowledge(drafter: Drafter) -> dict:
     """What a method was given beyond the sessions it serves, for the report: every method
     that can use past outputs gets the same ones."""
-    return {"global_seed_outputs": drafter.global_seed_outputs}
+    return {"global_seed_outputs": drafter.global_seed_outputs,
+            "served_sessions": drafter.served_sessions}
 
 
 def job_sessions(sessions: Sequence[TokenizedSession],
@@ -253,7 +260,8 @@ class MeasuredRun:
     seconds: float = 0.0
     tokens: int = 0
     outputs: dict[str, list[int]] = field(default_factory=dict)
-    knowledge: dict = field(default_factory=lambda: {"global_seed_outputs": 0})
+    knowledge: dict = field(default_factory=lambda: {"global_seed_outputs": 0,
+                                                     "served_sessions": 0})
 
 
 def first_difference(a: list[int], b: list[int]) -> int | None:

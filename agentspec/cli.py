@@ -221,8 +221,11 @@ def load_bench(backend: str, traces: list[Path], *, sessions, seed, methods, bat
         held_tok = tokenize_sessions(held[:profile_sessions], tok)
     if outputs:
         tokenized = with_outputs(tokenized, outputs, tok.name)
+    # replayed, the recorded outputs are the target's: the policies serve the profiling split
+    # first, learning from its acceptances (elsewhere another model's outputs would teach them)
     setup = BenchSetup(tokenizer=tok, profile=profile, token_bytes=token_bytes(tok.tokenizer),
-                       lam=lam, global_seed=[c.output for s in held_tok for c in s.calls])
+                       lam=lam, global_seed=[c.output for s in held_tok for c in s.calls],
+                       served=held_tok if backend == "replay" and not outputs else [])
     if table is None and held_tok and {"agspec", "full"} & set(names) and backend != "http":
         with console.status(f"profiling Kmax on {len(held_tok)} held-out sessions"):
             # G starts empty here: seeded with these very sessions it would leak them

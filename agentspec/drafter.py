@@ -41,6 +41,7 @@ class Drafter(Protocol):
 
     name: str
     global_seed_outputs: int  # past outputs it was given to draft from (reports say so)
+    served_sessions: int = 0  # recorded sessions it served before the measured ones
 
     def register(self, session: str, kind: str, tokens: Sequence[int], path: str = "") -> None:
         """Add text a session saw or wrote (kind: PROMPT, TOOL, FILE or OUTPUT)."""

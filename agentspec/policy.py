@@ -50,7 +50,9 @@ from agentspec.frequency import FREQUENCY_CLASSES
 from agentspec.learned_costs import LearnedCosts
 from agentspec.match import (TAIL_MAX, Corpus, Match, context_ids, copy_lookup,
                              frequent_buffers, frequent_candidate, frequent_search)
+from agentspec.replay import replay
 from agentspec.structure import BlockTracker, StructureError, parse_structure
+from agentspec.tokens import TokenizedSession
 
 # the numba kernel of CostAware's plan (agentspec/_policy_nb.py) where numba imports, as
 # agentspec.match decides; a Policy uses it where the corpora's and the acceptance model's
@@ -563,7 +565,8 @@ class Policy:
                  global_seed: Sequence[Sequence[int]] = ()):
         self.config = config
         self.name = config.name
-        self._seeded = len(global_seed)
+        self._seeded = sum(1 for output in global_seed if len(output))
+        self.served_sessions = 0
         self.encode, self.decode = encode, decode
         self.token_bytes = token_bytes
         # C[n]: what n draft tokens per row cost at a batch size, in plain decode steps; the
@@ -819,6 +822,16 @@ class Policy:
 
     def drop_session(self, session: str) -> None:
         self.sessions.pop(session, None)
+
+    def serve_recorded(self, sessions: Sequence[TokenizedSession]) -> None:
+        """Serve recorded sessions whose outputs are the target's, before the ones measured,
+        as a server that served them would have: each output verifies the drafts (a replay
+        at batch 1), the acceptance model learns from those steps, and each output joins G
+        as its call finishes (counted with the outputs G was seeded with)."""
+        replay(sessions, self)
+        self.served_sessions += len(sessions)
+        if self.g is not None:
+            self._seeded += sum(1 for s in sessions for c in s.calls if c.output)
 
 
 def warm_up(token_bytes: list[bytes] | None = None) -> None:

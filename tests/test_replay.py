@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from agentspec.replay import replay
-from agentspec.bench import BenchSetup, run_replay_bench
+from agentspec.bench import BenchSetup, make_drafter, run_replay_bench
 from agentspec.drafter import FILE, PROMPT, TOOL, Plain
 from agentspec.tokens import CHATML, PLAIN, ChatTokenizer, chat_format, tokenize_sessions
 from agentspec.trace import parse_session
@@ -136,3 +136,25 @@ def test_report_follows_bench_schema(tok):
     assert given == {"plain": 0, "ngram": 0, "suffix": 1, "suffix-cold": 0, "full": 1}
     # the second call repeats the first output: the suffix tree of past responses hits
     assert r["methods"]["suffix"]["al"] > 1.5
+
+
+def test_policies_serve_the_profiling_split(tok):
+    """Where the recorded outputs are the target's, the policies serve the profiling split
+    before the measured sessions: G ends holding exactly the outputs seeding would have put
+    there, the acceptance model has learned from their steps, and the report says which
+    method served what; suffix gets the same outputs as its tree of responses."""
+    held, measured = tokenized(tok, 3)[:2], tokenized(tok, 3)[2:]
+    seed = [c.output for s in held for c in s.calls]
+    seeded = make_drafter("full", BenchSetup(global_seed=seed))
+    served = make_drafter("full", BenchSetup(global_seed=seed, served=held))
+    assert np.array_equal(served.g._buf[: served.g._n], seeded.g._buf[: seeded.g._n])
+    assert served.global_seed_outputs == seeded.global_seed_outputs == len(seed) > 0
+    assert (served.served_sessions, seeded.served_sessions) == (2, 0)
+    assert not served.sessions and not served.running  # nothing of theirs left but G
+    trials = [p.acceptance._tables("code")[0].sum() for p in (seeded, served)]
+    assert trials[0] == 0 < trials[1]
+    r = run_replay_bench(measured, ["suffix", "full"], model="tiny", traces=["x.jsonl"],
+                         setup=BenchSetup(global_seed=seed, served=held)).report
+    assert {name: m["knowledge"] for name, m in r["methods"].items()} == {
+        "suffix": {"global_seed_outputs": len(seed), "served_sessions": 0},
+        "full": {"global_seed_outputs": len(seed), "served_sessions": 2}}
