@@ -23,6 +23,11 @@ def test_bench_writes_the_report_and_plot(tmp_path, trace, tiny_model_dir):
     assert report["sessions"] < 8  # the other tasks went to profiling
     assert (report["seed"], report["task_split"]) == (0, True)  # how to repeat the sample
     assert report["profile_sessions"] == 8 - report["sessions"]
+    # replayed, the policies serve the profiling split first; suffix's tree holds its outputs
+    given = {name: report["methods"][name]["knowledge"] for name in ("suffix", "full")}
+    assert given["full"]["served_sessions"] == report["profile_sessions"]
+    assert given["suffix"]["served_sessions"] == 0
+    assert given["full"]["global_seed_outputs"] == given["suffix"]["global_seed_outputs"] > 0
     assert (tmp_path / "r.png").stat().st_size > 1000
     # no live progress bar outside a terminal: a line as each method finishes
     for method in report["methods"]:
