@@ -250,8 +250,8 @@ def _bench_replay(run: BenchRun, *, json_out, plot_out, **_) -> None:
                 tasks[method] = bar.add_task(method, total=total)
             bar.advance(tasks[method], k)
             task = bar.tasks[tasks[method]]
-            if task.finished and not console.is_terminal:  # no live bar in a log: a line
-                console.print(f"[bench] {method}: {total} tokens replayed in "
+            if k and task.finished and not console.is_terminal:  # no live bar in a log: a line
+                console.print(f"[bench] {method}: {total} tokens replayed, done in "
                               f"{task.elapsed:.0f} s", markup=False, highlight=False)
 
         result = run_replay_bench(run.tokenized, run.names, batch=run.sizes[0],
