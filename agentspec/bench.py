@@ -262,8 +262,7 @@ class MeasuredRun:
     seconds: float = 0.0
     tokens: int = 0
     outputs: dict[str, list[int]] = field(default_factory=dict)
-    knowledge: dict = field(default_factory=lambda: {"global_seed_outputs": 0,
-                                                     "served_sessions": 0})
+    knowledge: dict = field(default_factory=lambda: knowledge(Plain()))  # (given nothing)
 
 
 def first_difference(a: list[int], b: list[int]) -> int | None:
