@@ -237,10 +237,13 @@ class AcceptanceModel:
             p, a = self.sent.get(key, (SENT_PRIOR, SENT_PRIOR))
             p, a = p * decay + predicted, a * decay + accepted
             self.sent[key] = (p, a)
-            slot = self._slot.get(key)
-            if slot is None:
-                slot = self.ratio_slots((key,))[0]
-            self.ratios[slot] = min(2.0, max(0.5, p / a))
+            self._set_ratio(key, p, a)
+
+    def _set_ratio(self, key: str, predicted: float, accepted: float) -> None:
+        slot = self._slot.get(key)
+        if slot is None:
+            slot = self.ratio_slots((key,))[0]
+        self.ratios[slot] = min(2.0, max(0.5, predicted / accepted))
 
     def planning_rate(self, key: str) -> float:
         """What a plan prices a step's worth at, in tokens: R, times the sent ratio."""
@@ -250,6 +253,64 @@ class AcceptanceModel:
         """One verified row: it cost 1 + `cost` steps and produced accepted + 1 tokens."""
         self.tokens = self.tokens * decay + accepted + 1
         self.cost = self.cost * decay + 1 + cost
+
+    # --- what it learned, kept across runs (agentspec.state) ------------------------------
+    def state(self) -> dict[str, np.ndarray]:
+        """Everything it learned, as named arrays (`restore` takes them back): the kinds in
+        the order of their rows, each role's tables, the token offsets, R's sums and the
+        sent ratios' sums."""
+        roles = sorted(self.pool.keys() | self.by_kind.keys() | self.by_row.keys())
+        state = {"kinds": np.array(list(self.kinds), dtype=str),
+                 "roles": np.array(roles, dtype=str), "bias": self.bias.copy(),
+                 "rate": np.array([self.tokens, self.cost]),
+                 "sent_keys": np.array(list(self.sent), dtype=str),
+                 "sent": np.array(list(self.sent.values()), dtype=np.float64).reshape(-1, 2)}
+        for i, role in enumerate(roles):
+            for name, tables in (("pool", self.pool), ("kind", self.by_kind),
+                                 ("row", self.by_row)):
+                if role in tables:
+                    state[f"{name}/{i}"] = np.stack(tables[role])
+        return state
+
+    def restore(self, state: dict[str, np.ndarray]) -> None:
+        """Take back what `state()` gave. The kinds this model already has (those its
+        policy names when built) must be the first ones of the state's, in the same order:
+        their rows are where the policy's tables point."""
+        kinds = [str(k) for k in state["kinds"]]
+        if kinds[: len(self.kinds)] != list(self.kinds):
+            raise ValueError("its draft kinds are not this policy's (another method's state?)")
+        if state["bias"].shape != self.bias.shape or not np.isfinite(state["bias"]).all():
+            raise ValueError(f"token offsets of shape {state['bias'].shape} (or not finite), "
+                             f"not {self.bias.shape}")
+        if state["rate"].shape != (2,) or not (state["rate"] > 0).all():
+            raise ValueError("R's sums must be two positive numbers")
+        sent = state["sent"]
+        if sent.shape != (len(state["sent_keys"]), 2) or (sent <= 0).any():
+            raise ValueError("sent ratios need a positive (predicted, accepted) pair per key")
+        # (trials, hits) per bin: the pool's one curve, a curve per kind, per row
+        per_kind = {"pool": None, "kind": _WIDTH, "row": MODIFIERS * _WIDTH}
+        tables: dict[str, dict] = {name: {} for name in per_kind}
+        for i, role in enumerate(str(r) for r in state["roles"]):
+            for name, unit in per_kind.items():
+                t = state.get(f"{name}/{i}")
+                if t is None:
+                    continue
+                ok = t.ndim == 2 and t.shape[0] == 2 and (
+                    t.shape[1] == _WIDTH if unit is None
+                    else t.shape[1] % unit == 0 and t.shape[1] // unit <= len(kinds))
+                if not ok or not np.isfinite(t).all() or (t < 0).any():
+                    raise ValueError(f"the {name} table of role {role!r} is not one of "
+                                     f"(trials, hits) counts per bin (shape {t.shape})")
+                tables[name][role] = (t[0].astype(np.float64), t[1].astype(np.float64))
+        self.kinds = {k: i for i, k in enumerate(kinds)}
+        self.pool, self.by_kind, self.by_row = tables["pool"], tables["kind"], tables["row"]
+        self._args.clear()
+        self.bias = state["bias"].astype(np.float64)
+        self.tokens, self.cost = (float(x) for x in state["rate"])
+        self.sent = {}
+        for key, (predicted, accepted) in zip((str(k) for k in state["sent_keys"]), sent):
+            self.sent[key] = (float(predicted), float(accepted))
+            self._set_ratio(key, predicted, accepted)
 
     def _pooled(self, role: str) -> tuple[np.ndarray, np.ndarray]:
         """The role's counts over every kind, starting from the profile's prior."""

@@ -830,6 +830,11 @@ def serve_cmd(
     max_sessions: int = typer.Option(64, min=1, help="Sessions whose drafting history is kept."),
     cost_profile: Optional[Path] = typer.Option(None, help="Cost profile (agentspec.cost/1); "
                                                 "default: this machine's, measured on first use."),
+    state: Optional[Path] = typer.Option(None, help="Where what the drafter learns is kept "
+                                         "across runs (agentspec.state/1); default: one file "
+                                         "per model, dtype and method under AGENTSPEC_HOME."),
+    no_state: bool = typer.Option(False, "--no-state", help="Start from nothing learned, and "
+                                  "keep nothing."),
 ) -> None:
     """Serve the model over an OpenAI-compatible API, drafting from each agent's session.
 
@@ -837,9 +842,14 @@ def serve_cmd(
     (system prompt and first user message) share a session; optional agentspec_* metadata
     (in `metadata` or `vllm_xargs`) names it. Output is identical to plain decoding.
 
+    What the drafter learns from the served model (how often it takes each kind of draft,
+    what a step costs, the outputs it wrote) is saved as it serves and when it stops, and
+    taken back by the next run.
+
     [b]Example[/b]: agentspec serve --port 8000 --max-batch 8
     """
     from agentspec.bench import method_names
+    from agentspec.state import state_path
 
     if method not in method_names():
         fail(f"unknown method {method!r}; choose from {', '.join(method_names())}")
@@ -849,8 +859,13 @@ def serve_cmd(
     from agentspec.backends.mlx import MLXError
     from agentspec.backends.mlx_serve import EngineConfig, ServeEngine
 
+    if no_state and state is not None:
+        fail("--state and --no-state: choose one")
+    if not no_state and state is None:
+        state = state_path("mlx", model, dtype, method)
     config = EngineConfig(model, dtype, method, max_batch, int(cache_gb * 1e9), max_sessions,
-                          str(cost_profile) if cost_profile else None)
+                          str(cost_profile) if cost_profile else None,
+                          None if no_state else str(state))
     server = ServeEngine(config, say=lambda m: console.print(m, highlight=False))
     with console.status("loading the model"):
         try:

@@ -70,6 +70,16 @@ class Drafter(Protocol):
     def drop_session(self, session: str) -> None:
         """Forget everything about a session."""
 
+    def state(self) -> dict:
+        """What it learned that outlives its sessions, as named numpy arrays (kept across a
+        server's runs by `agentspec.state`); empty: nothing."""
+        return {}
+
+    def restore(self, state: dict) -> None:
+        """Take back what `state()` gave, before serving anything."""
+        if state:
+            raise ValueError(f"{self.name} keeps no state")
+
 
 class Plain(Drafter):
     """No drafting: plain autoregressive decoding, the reference every method is compared to."""

@@ -58,6 +58,21 @@ class LearnedCosts:
             return False
         return self._fit()
 
+    def state(self) -> dict[str, np.ndarray]:
+        """What it learned, as named arrays (`restore` takes them back)."""
+        return {"moments": self.moments.copy(), "steps": np.array([self.steps]),
+                "coef": np.zeros(0) if self.coef is None else self.coef.copy()}
+
+    def restore(self, state: dict[str, np.ndarray]) -> None:
+        moments, coef = state["moments"], state["coef"]
+        if moments.shape != self.moments.shape or not np.isfinite(moments).all() \
+                or coef.shape not in ((0,), (len(TERMS),)) or state["steps"].shape != (1,):
+            raise ValueError("step costs: moments must be 5 x 5, a step count, and no fit "
+                             "or one of 4 terms")
+        self.moments = moments.astype(np.float64)
+        self.steps = int(state["steps"][0])
+        self.coef = coef.astype(np.float64) if len(coef) else None
+
     def _fit(self) -> bool:
         m = self.moments / self.moments[0, 0]  # weighted means of the products
 

@@ -360,6 +360,14 @@ class Corpus:
                 + sum(a.nbytes for a in (self._tail_head, self._tail_prev) if a is not None)
                 + 8 * len(self._bounds))
 
+    def documents(self) -> list[np.ndarray]:
+        """The tokens held, one array per document, oldest first (the last one may still be
+        open): what `extend` and `end_document` would build this corpus again from."""
+        held = self._buf[self._W : self._n]
+        pieces = np.split(held, np.flatnonzero(held == BOUNDARY))
+        # every piece after the first starts at its boundary
+        return [p.copy() for p in (pieces[0], *(q[1:] for q in pieces[1:])) if len(p)]
+
     def extend(self, tokens) -> None:
         """Append tokens (ids >= 0, < 2**31)."""
         if isinstance(tokens, (list, tuple)) and len(tokens) <= 32:  # decode-step sized

@@ -823,6 +823,49 @@ class Policy:
     def drop_session(self, session: str) -> None:
         self.sessions.pop(session, None)
 
+    def state(self) -> dict[str, np.ndarray]:
+        """What this policy learned that outlives its sessions: the acceptance model, the
+        engine's step costs, the outputs G holds, and the path worth each role last read
+        (with its age: a restored policy drafts exactly as this one would go on to)."""
+        state = {f"acceptance/{k}": v for k, v in self.acceptance.state().items()}
+        state.update({f"costs/{k}": v for k, v in self.costs.state().items()})
+        if self.g is not None:
+            documents = self.g.documents()
+            state["g/tokens"] = np.concatenate(documents) if documents \
+                else np.zeros(0, dtype=np.int32)
+            state["g/lengths"] = np.array([len(d) for d in documents], dtype=np.int64)
+        roles = sorted(self._worth)
+        state["worth/roles"] = np.array(roles, dtype=str)
+        state["worth/ages"] = np.array([self._worth[r][0] for r in roles], dtype=np.int64)
+        state["worth/tables"] = np.array([self._worth[r][1] for r in roles], dtype=np.float64)
+        state["served"] = np.array([self.served_sessions, self._seeded], dtype=np.int64)
+        return state
+
+    def restore(self, state: dict[str, np.ndarray]) -> None:
+        """Take back what `state()` gave, before serving anything: it replaces what this
+        policy learned so far, G's outputs included."""
+        if self.sessions or self.running:
+            raise ValueError("a policy takes a state back before it serves anything")
+        self.acceptance.restore(_part(state, "acceptance/"))
+        self.costs.restore(_part(state, "costs/"))
+        self._costs.clear()
+        if self.g is not None:
+            tokens, lengths = state["g/tokens"], state["g/lengths"]
+            if tokens.ndim != 1 or (lengths < 1).any() or lengths.sum() != len(tokens) \
+                    or (len(tokens) and tokens.min() < 0):
+                raise ValueError("G's outputs must be token ids cut into documents of "
+                                 "the lengths given")
+            self.g = self._corpus(self.config.g_max_tokens)
+            for document in np.split(tokens, np.cumsum(lengths)[:-1]) if len(lengths) else ():
+                self.g.extend(document)
+                self.g.end_document()
+        roles, ages, tables = state["worth/roles"], state["worth/ages"], state["worth/tables"]
+        shape = (len(roles), 2, len(FREQUENCY_CLASSES), self.config.max_k + 1)
+        if len(ages) != len(roles) or (len(roles) and tables.shape != shape):
+            raise ValueError(f"path worth needs an age and a table of {shape[1:]} per role")
+        self._worth = {str(r): (int(a), t) for r, a, t in zip(roles, ages, tables)}
+        self.served_sessions, self._seeded = (int(x) for x in state["served"])
+
     def serve_recorded(self, sessions: Sequence[TokenizedSession]) -> None:
         """Serve recorded sessions whose outputs are the target's, before the ones measured,
         as a server that served them would have: each output verifies the drafts (a replay
@@ -832,6 +875,11 @@ class Policy:
         self.served_sessions += len(sessions)
         if self.g is not None:
             self._seeded += sum(1 for s in sessions for c in s.calls if c.output)
+
+
+def _part(state: dict[str, np.ndarray], prefix: str) -> dict[str, np.ndarray]:
+    """The arrays of `state` under `prefix`, named without it."""
+    return {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
 
 
 def warm_up(token_bytes: list[bytes] | None = None) -> None:

@@ -15,6 +15,7 @@ import queue
 import threading
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 from time import perf_counter
 from typing import Callable
 
@@ -23,6 +24,7 @@ from agentspec.backends.prompt_cache import PromptCache
 from agentspec.drafter import Plain, Request
 from agentspec.sessions import SessionBook
 from agentspec.speculation import Loop, Row
+from agentspec.state import Identity, StateError, restore, save, vocabulary_digest
 
 log = logging.getLogger("agentspec.serve")
 
@@ -72,6 +74,10 @@ class EngineConfig:
     cache_bytes: int = 2 << 30
     max_sessions: int = 64
     cost_profile: str | None = None  # a profile file; None: the machine's, measured if missing
+    state: str | None = None  # where the drafter's learning is kept across runs; None: nowhere
+
+
+SAVE_EVERY = 16  # finished requests between two saves of the drafter's state
 
 
 class ServeEngine:
@@ -83,6 +89,9 @@ class ServeEngine:
         self.error: str | None = None
         self.eng: engine.Engine | None = None
         self._stop = False
+        self.state_path: str | None = None  # where the drafter's state is kept (config.state
+        # for a drafter that keeps one)
+        self._unsaved = 0  # requests finished since it was last saved
         self.thread = threading.Thread(target=self._main, name="agentspec-engine", daemon=True)
 
     # --- front side ---------------------------------------------------------------------
@@ -97,14 +106,18 @@ class ServeEngine:
         self.inbox.put(job)
 
     def stop(self) -> None:
+        """Stop the engine thread, which saves the drafter's state as it ends."""
         self._stop = True
+        if self.thread.is_alive():
+            self.thread.join(timeout=60)
 
     # --- engine thread ------------------------------------------------------------------
     def _main(self) -> None:
         try:
             self._load()
         except Exception as e:  # anything the load raises ends the server with one line
-            self.error = str(e) if isinstance(e, engine.MLXError) else f"{type(e).__name__}: {e}"
+            self.error = str(e) if isinstance(e, (engine.MLXError, StateError)) \
+                else f"{type(e).__name__}: {e}"
             self.ready.set()
             return
         self.ready.set()
@@ -120,6 +133,8 @@ class ServeEngine:
                     self.jobs.pop(id(r)).emit("error", f"generation failed: {e}")
                 self.target = engine.Rows(self.eng.model, self.eng.plan)
                 self.loop = Loop(self.target, self.drafter, on_finish=self._finished)
+        if self._save():
+            self.say(f"kept what {self.config.method} learned in {self.state_path}")
 
     def _load(self) -> None:
         from agentspec.bench import make_drafter
@@ -133,6 +148,7 @@ class ServeEngine:
             setup = serve_setup(self.eng, c, self.say)
             self.drafter = make_drafter(c.method, setup)
             encode = setup.tokenizer.encode
+            self._keep_state(setup)
         # plain serving tells sessions apart too: /metrics counts them for either method
         self.book = SessionBook(self.drafter if self.drafter is not None else Plain(),
                                 c.max_sessions, encode)
@@ -143,6 +159,37 @@ class ServeEngine:
         self.target = engine.Rows(self.eng.model, self.eng.plan)
         self.loop = Loop(self.target, self.drafter, on_finish=self._finished)
         self.cache = PromptCache(c.cache_bytes)
+
+    def _keep_state(self, setup) -> None:
+        """Take back what the drafter learned in earlier runs (config.state), and check
+        that the file can be written, by writing it."""
+        path = self.config.state
+        self._identity = Identity(self.config.method, self.eng.name,
+                                  vocabulary_digest(setup.token_bytes))
+        if path is None or not self.drafter.state():  # (a method that keeps nothing)
+            return
+        self.state_path = path
+        if Path(path).exists():
+            saved, warnings = restore(path, self.drafter, self._identity)
+            for warning in warnings:
+                self.say(f"warning: {warning}")
+            self.say(f"resumed what {self.config.method} learned, from {path} (saved {saved})")
+        else:
+            self.say(f"keeping what {self.config.method} learns in {path}")
+        save(path, self.drafter, self._identity)
+
+    def _save(self) -> bool:
+        """Write the drafter's state; on a failure, say so and leave the last one. Whether
+        it was written."""
+        if self.state_path is None:
+            return False
+        try:
+            save(self.state_path, self.drafter, self._identity)
+        except StateError as e:
+            log.error("agentspec serve: %s", e)
+            return False
+        self._unsaved = 0
+        return True
 
     def _admit(self) -> None:
         room = self.config.max_batch - len(self.loop.rows)
@@ -218,6 +265,9 @@ class ServeEngine:
         held = min(layers[0].offset, len(row.request.tokens))
         self.cache.store(row.request.tokens[:held], layers)
         self.book.end(row.request)
+        self._unsaved += 1
+        if self.state_path is not None and self._unsaved >= SAVE_EVERY:
+            self._save()
 
     def _drop(self, rows: list[Row]) -> None:
         for r in rows:
@@ -228,8 +278,6 @@ class ServeEngine:
 
 def serve_setup(eng: "engine.Engine", config: EngineConfig, say: Callable[[str], None]):
     """What the drafter knows: the tokenizer and this machine's cost profile (measured once)."""
-    from pathlib import Path
-
     from agentspec.backends import mlx_probe
     from agentspec.bench import BenchSetup
     from agentspec.costs import load_profile

@@ -9,6 +9,7 @@ are OpenAI's error JSON with one message; the server keeps serving.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import secrets
@@ -146,11 +147,18 @@ class Api:
                   Route("/metrics", self.metrics),
                   Route("/v1/chat/completions", self.chat, methods=["POST"]),
                   Route("/v1/completions", self.completions, methods=["POST"])]
-        return Starlette(routes=routes, exception_handlers={
+        return Starlette(routes=routes, lifespan=self._lifespan, exception_handlers={
             ApiError: lambda r, e: e.response(),
             404: lambda r, e: ApiError(404, f"no route {r.url.path}", code="not_found").response(),
             405: lambda r, e: ApiError(405, f"{r.method} is not allowed on {r.url.path}").response(),
             Exception: self._crash})
+
+    @contextlib.asynccontextmanager
+    async def _lifespan(self, app):
+        # the engine stops (and saves what its drafter learned) while uvicorn shuts down:
+        # uvicorn then ends the process with the signal that stopped it
+        yield
+        await asyncio.to_thread(self.server.stop)
 
     async def _crash(self, request, exc) -> JSONResponse:
         log.error("agentspec serve: %s: %s", type(exc).__name__, exc)

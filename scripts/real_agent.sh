@@ -28,10 +28,12 @@ source scripts/servers.sh
 trap stop_servers EXIT
 trap 'exit 130' INT TERM
 
-# serve METHOD: an `agentspec serve --method METHOD` server; sets $url
+# serve METHOD: an `agentspec serve --method METHOD` server, fresh (what an earlier run
+# learned is not taken back); sets $url
 serve() {
   # shellcheck disable=SC2086
-  start_server "$1" "$OUT/serve-$1.log" .venv/bin/agentspec serve --method "$1" ${SERVE_ARGS:-}
+  start_server "$1" "$OUT/serve-$1.log" .venv/bin/agentspec serve --method "$1" --no-state \
+    ${SERVE_ARGS:-}
 }
 
 serve full  # alone while it may measure the machine's cost profile

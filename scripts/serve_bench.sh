@@ -30,7 +30,8 @@ measure() {
 }
 
 for batch in 1 4; do
-  start_server full "$OUT/full.b$batch.log" .venv/bin/agentspec serve --method full
+  # (fresh, as every server here: nothing learned in an earlier run)
+  start_server full "$OUT/full.b$batch.log" .venv/bin/agentspec serve --method full --no-state
   full=$url
   start_server plain "$OUT/plain.b$batch.log" .venv/bin/agentspec serve --method plain
   measure "$full" "$url" full-vs-plain "$batch"

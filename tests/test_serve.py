@@ -75,14 +75,19 @@ def home(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("serve-home")
 
 
+def served_folder(model_folder: Path, home: Path) -> Path:
+    """The model folder under the name clients call it by (the folder's name)."""
+    link = home / MODEL
+    if not link.exists():
+        link.symlink_to(model_folder, target_is_directory=True)
+    return link
+
+
 @pytest.fixture(scope="module")
 def servers(model_folder, home):
     served = {}
     try:
-        # the model folder's name is what clients call it
-        link = home / MODEL
-        if not link.exists():
-            link.symlink_to(model_folder, target_is_directory=True)
+        link = served_folder(model_folder, home)
         for method in ("full", "plain"):
             served[method] = Server(link, method, home)
         yield served
@@ -257,6 +262,35 @@ def test_sessions_are_inferred_one_per_conversation(servers):
         for turns in (1, 2, 3):  # each call re-sends the conversation so far
             servers["full"].chat(chat_of(i, turns), **GREEDY)
     assert servers["full"].metrics()["agentspec_sessions_total"] - before == 2
+
+
+def test_what_full_learned_is_kept_across_restarts(model_folder, home, tmp_path):
+    """A server saves its drafter's state as it stops and the next run takes it back (G
+    holds the outputs of both runs); a state file it cannot take stops it in one line and
+    is left as it was."""
+    import numpy as np
+
+    folder, state = served_folder(model_folder, home), tmp_path / "full.npz"
+    for run, asks in enumerate((2, 1)):
+        server = Server(folder, "full", home, "--state", str(state))
+        try:
+            answers = [server.chat(chat_of(40 + run * 2 + i), **GREEDY) for i in range(asks)]
+        finally:
+            server.stop()
+        assert all(answers)
+        said = server.log.read_text()
+        assert ("resumed what full learned, from" if run else "keeping what full learns in") \
+            in said, said
+        with np.load(state) as z:
+            assert len(z["g/lengths"]) == 2 + run  # every output served so far
+    state.write_bytes(b"garbage")
+    cmd = [str(Path(sys.executable).parent / "agentspec"), "serve", "--model", str(folder),
+           "--port", str(free_port()), "--state", str(state)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, AGENTSPEC_HOME=str(home)))
+    assert done.returncode != 0
+    assert f"state {state}: not a readable state file" in done.stdout + done.stderr
+    assert state.read_bytes() == b"garbage"
 
 
 def test_bench_over_http_replays_a_trace_against_full_and_plain(servers, model_folder,

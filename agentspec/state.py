@@ -1,0 +1,135 @@
+"""What a drafter learned, kept in a file across a server's runs (`agentspec serve`).
+
+`full` learns online from the model it serves: how often that model takes each kind of
+draft (the acceptance model, with its token offsets and sent ratios), what its decode steps
+cost on this machine, and the outputs it wrote (G). A bench gets the first from serving the
+profiling split (`Policy.serve_recorded`); a server that restarts would lose all of it and
+learn it again from its first requests. So a server saves its drafter's `state()` now and
+then and when it stops, and a new run with the same file takes it back.
+
+The file (format agentspec.state/1, docs/formats/state.md) is a numpy .npz archive, no
+pickled objects: "header", a JSON text naming the format, the method, the model and a
+digest of the tokenizer's vocabulary, then the drafter's named arrays. Token ids mean
+nothing under another vocabulary, and kinds and tables are a method's own, so a state of
+another tokenizer or method is refused (the file is left as it is); one learned while
+serving another model of the same tokenizer is taken, with a warning: its acceptances are
+that model's until the served one's replace them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+import zipfile
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from agentspec.drafter import Drafter
+
+FORMAT = "agentspec.state/1"
+
+
+class StateError(ValueError):
+    """A state file that cannot be taken back: one line naming the file and the problem."""
+
+
+@dataclass(frozen=True)
+class Identity:
+    """What a state is only good for."""
+
+    method: str
+    model: str
+    tokenizer: str  # vocabulary_digest of the tokenizer
+
+
+def vocabulary_digest(token_bytes: Sequence[bytes]) -> str:
+    """A digest of a tokenizer's vocabulary: every id's bytes, in order."""
+    h = hashlib.sha1()
+    for b in token_bytes:
+        h.update(len(b).to_bytes(4, "little") + b)
+    return h.hexdigest()[:16]
+
+
+def state_path(backend: str, model: str | None, dtype: str, method: str) -> Path:
+    """Where a server keeps its drafter's state by default: per backend, model, dtype and
+    method, beside the cost profiles."""
+    from agentspec.costs import model_key
+    from agentspec.models import home
+
+    return home() / "state" / f"{backend}-{model_key(model)}-{dtype}-{method}.npz"
+
+
+def save(path: str | Path, drafter: Drafter, identity: Identity) -> bool:
+    """Write the drafter's state to `path` (all of it or nothing: a new file renamed over
+    the old one). False: the drafter keeps no state, and nothing was written. Raises
+    StateError where the file cannot be written."""
+    arrays = drafter.state()
+    if not arrays:
+        return False
+    path = Path(path)
+    header = {"format": FORMAT, **asdict(identity),
+              "saved": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    tmp = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+        with os.fdopen(fd, "wb") as f:  # (compressed: most token offsets are still 0)
+            np.savez_compressed(f, header=np.array(json.dumps(header)), **arrays)
+        os.replace(tmp, path)
+    except OSError as e:
+        raise StateError(f"state {path}: cannot write it ({e.strerror or e})") from None
+    finally:
+        if tmp is not None and os.path.exists(tmp):
+            os.unlink(tmp)
+    return True
+
+
+def restore(path: str | Path, drafter: Drafter, identity: Identity) -> tuple[str, list[str]]:
+    """Give the drafter back the state saved in `path`; returns when it was saved, and
+    warnings (one line each).
+    Raises StateError, naming the file and the problem, where it cannot (the file is left
+    as it was; the drafter may hold part of it, so a server does not start)."""
+    arrays = _read(Path(path), identity)
+    header = json.loads(str(arrays.pop("header")))
+    try:
+        drafter.restore(arrays)
+    except (KeyError, ValueError) as e:
+        missing = f"no array {e}" if isinstance(e, KeyError) else str(e)
+        raise StateError(f"state {path}: {missing}") from None
+    warnings = [] if header["model"] == identity.model else [
+        f"state {path} was learned serving {header['model']}, not {identity.model}: its "
+        "acceptances are relearned from this model's"]
+    return str(header.get("saved", "at an unknown time")), warnings
+
+
+def _read(path: Path, identity: Identity) -> dict[str, np.ndarray]:
+    """The file's arrays, its header checked against `identity`."""
+    try:
+        loaded = np.load(path, allow_pickle=False)
+        if not isinstance(loaded, np.lib.npyio.NpzFile):
+            raise ValueError("one array, not an archive")
+        with loaded:
+            arrays = {name: loaded[name] for name in loaded.files}
+    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as e:
+        raise StateError(f"state {path}: not a readable state file ({e})") from None
+    try:
+        header = json.loads(str(arrays["header"]))
+        fmt, model = header["format"], header["model"]
+        if not isinstance(model, str):
+            raise TypeError("its model is not a name")
+    except (KeyError, TypeError, ValueError) as e:
+        raise StateError(f"state {path}: no valid header ({type(e).__name__}: {e})") from None
+    if fmt != FORMAT:
+        raise StateError(f"state {path}: format {fmt!r}, not {FORMAT!r}")
+    for field, what in (("method", "method"), ("tokenizer", "tokenizer vocabulary")):
+        if header.get(field) != getattr(identity, field):
+            raise StateError(f"state {path}: learned with {what} {header.get(field)!r}, not "
+                             f"{getattr(identity, field)!r} (pass another --state, or "
+                             "--no-state)")
+    return arrays
