@@ -33,6 +33,7 @@ import numpy as np
 from agentspec.drafter import Drafter
 
 FORMAT = "agentspec.state/1"
+SAVE_EVERY = 16  # finished requests between two saves of a server's drafter state
 
 
 class StateError(ValueError):

@@ -24,7 +24,8 @@ from agentspec.backends.prompt_cache import PromptCache
 from agentspec.drafter import Plain, Request
 from agentspec.sessions import SessionBook
 from agentspec.speculation import Loop, Row
-from agentspec.state import Identity, StateError, restore, save, vocabulary_digest
+from agentspec.state import (SAVE_EVERY, Identity, StateError, restore, save,
+                             vocabulary_digest)
 
 log = logging.getLogger("agentspec.serve")
 
@@ -76,8 +77,6 @@ class EngineConfig:
     cost_profile: str | None = None  # a profile file; None: the machine's, measured if missing
     state: str | None = None  # where the drafter's learning is kept across runs; None: nowhere
 
-
-SAVE_EVERY = 16  # finished requests between two saves of the drafter's state
 
 
 class ServeEngine:

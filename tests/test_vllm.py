@@ -529,3 +529,33 @@ def test_vllm_custom_class_is_lossless():
     passed, text = _check(VLLM_PYTHON)
     print(text)
     assert all(passed.values()), text
+
+
+def test_what_the_policy_learned_is_kept_across_engine_runs(tmp_path, monkeypatch):
+    """$AGENTSPEC_VLLM_STATE: a new engine takes back what the last one learned (G holds
+    its output, so the next request drafts it); another method's file stops the engine."""
+    from agentspec.state import StateError
+
+    state = tmp_path / "state.npz"
+    monkeypatch.setenv("AGENTSPEC_VLLM_STATE", str(state))
+    first = _proposer(k=4)
+    first.load_model(None)
+    runner = FakeRunner()
+    runner.add("r1", [1, 2, 3])
+    runner.step(first, {"r1": []}, {})
+    for token in A:  # the output: A, one token a step
+        runner.step(first, {"r1": [token]}, {})
+    first.finish("r1", runner.requests["r1"])
+    first.save_state()  # (what the engine process does as it exits)
+    again = _proposer(k=4)
+    again.load_model(None)
+    assert [d.tolist() for d in again.policy.g.documents()] == [A]
+    runner = FakeRunner()
+    runner.add("r2", [4, 4, 4])
+    runner.step(again, {"r2": []}, {})
+    runner.step(again, {"r2": [A[0]]}, {})
+    drafts = runner.step(again, {"r2": [A[1]]}, {})
+    assert drafts["r2"] and drafts["r2"] == A[2 : 2 + len(drafts["r2"])]
+    monkeypatch.setenv("AGENTSPEC_VLLM_METHOD", "session")
+    with pytest.raises(StateError, match="learned with method 'full', not 'session'"):
+        _proposer(k=4)
