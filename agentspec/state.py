@@ -18,10 +18,13 @@ that model's until the served one's replace them.
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import json
+import logging
 import os
 import tempfile
+import threading
 import zipfile
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
@@ -31,6 +34,8 @@ from typing import Sequence
 import numpy as np
 
 from agentspec.drafter import Drafter
+
+log = logging.getLogger("agentspec.state")
 
 FORMAT = "agentspec.state/1"
 SAVE_EVERY = 16  # finished requests between two saves of a server's drafter state
@@ -66,6 +71,78 @@ def state_path(backend: str, model: str | None, dtype: str, method: str) -> Path
     return home() / "state" / f"{backend}-{model_key(model)}-{dtype}-{method}.npz"
 
 
+class Keeper:
+    """Keeps a serving drafter's state in its file: takes it back at start, then saves it
+    after every SAVE_EVERY finished requests, whenever the server falls idle (vLLM ends its
+    drafter's process with SIGKILL: nothing runs at its exit) and when the server stops.
+    A save takes a snapshot on the serving thread (`Drafter.state()` returns copies: a few
+    ms) and writes it on a thread of its own, so no request waits for the disk; a newer
+    snapshot replaces one not written yet."""
+
+    def __init__(self, path: str | Path, drafter: Drafter, identity: Identity):
+        self.path, self.drafter, self.identity = Path(path), drafter, identity
+        self.unsaved = 0  # requests finished since the last snapshot
+        self.failed = False  # the last write failed (and said so in the log)
+        self._lock = threading.Lock()
+        self._pending: dict | None = None  # the snapshot waiting for the writer
+        self._writer: threading.Thread | None = None  # while it has snapshots to write
+
+    def start(self) -> tuple[str | None, list[str]]:
+        """Take back the file's state, if there is a file, and write it once now, so that a
+        path that cannot be written fails at start (both raise StateError). Returns when
+        the state taken back was saved (None: there was none) and warnings."""
+        saved, warnings = restore(self.path, self.drafter, self.identity) \
+            if self.path.exists() else (None, [])
+        for stale in self.path.parent.glob(glob.escape(self.path.name) + ".*.tmp"):
+            stale.unlink(missing_ok=True)  # (a write the process was killed in)
+        _write(self.path, self.drafter.state(), self.identity)
+        return saved, warnings
+
+    def finished(self, idle: bool) -> None:
+        """A request finished; `idle`: no other request is running."""
+        self.unsaved += 1
+        if self.unsaved >= SAVE_EVERY or idle:
+            self.save()
+
+    def save(self) -> None:
+        """Snapshot the drafter's state now; the writer thread writes it."""
+        snapshot = self.drafter.state()
+        self.unsaved = 0
+        with self._lock:
+            self._pending = snapshot
+            if self._writer is None:
+                self._writer = threading.Thread(target=self._write_pending, daemon=True,
+                                                name="agentspec-state")
+                self._writer.start()
+
+    def close(self) -> bool:
+        """Save now and wait until it is written; whether it was."""
+        self.save()
+        self.wait()
+        return not self.failed
+
+    def wait(self) -> None:
+        """Until every snapshot taken is written."""
+        with self._lock:
+            writer = self._writer
+        if writer is not None:
+            writer.join(timeout=120)
+
+    def _write_pending(self) -> None:
+        while True:
+            with self._lock:
+                snapshot, self._pending = self._pending, None
+                if snapshot is None:
+                    self._writer = None
+                    return
+            try:
+                _write(self.path, snapshot, self.identity)
+                self.failed = False
+            except StateError as e:  # the last file stays; serving goes on
+                log.error("agentspec: %s", e)
+                self.failed = True
+
+
 def save(path: str | Path, drafter: Drafter, identity: Identity) -> bool:
     """Write the drafter's state to `path` (all of it or nothing: a new file renamed over
     the old one). False: the drafter keeps no state, and nothing was written. Raises
@@ -73,7 +150,11 @@ def save(path: str | Path, drafter: Drafter, identity: Identity) -> bool:
     arrays = drafter.state()
     if not arrays:
         return False
-    path = Path(path)
+    _write(Path(path), arrays, identity)
+    return True
+
+
+def _write(path: Path, arrays: dict[str, np.ndarray], identity: Identity) -> None:
     header = {"format": FORMAT, **asdict(identity),
               "saved": datetime.now(timezone.utc).isoformat(timespec="seconds")}
     tmp = None
@@ -88,7 +169,6 @@ def save(path: str | Path, drafter: Drafter, identity: Identity) -> bool:
     finally:
         if tmp is not None and os.path.exists(tmp):
             os.unlink(tmp)
-    return True
 
 
 def restore(path: str | Path, drafter: Drafter, identity: Identity) -> tuple[str, list[str]]:

@@ -24,8 +24,7 @@ from agentspec.backends.prompt_cache import PromptCache
 from agentspec.drafter import Plain, Request
 from agentspec.sessions import SessionBook
 from agentspec.speculation import Loop, Row
-from agentspec.state import (SAVE_EVERY, Identity, StateError, restore, save,
-                             vocabulary_digest)
+from agentspec.state import Identity, Keeper, StateError, vocabulary_digest
 
 log = logging.getLogger("agentspec.serve")
 
@@ -88,9 +87,7 @@ class ServeEngine:
         self.error: str | None = None
         self.eng: engine.Engine | None = None
         self._stop = False
-        self.state_path: str | None = None  # where the drafter's state is kept (config.state
-        # for a drafter that keeps one)
-        self._unsaved = 0  # requests finished since it was last saved
+        self.keeper: Keeper | None = None  # keeps the drafter's state in config.state
         self.thread = threading.Thread(target=self._main, name="agentspec-engine", daemon=True)
 
     # --- front side ---------------------------------------------------------------------
@@ -132,8 +129,8 @@ class ServeEngine:
                     self.jobs.pop(id(r)).emit("error", f"generation failed: {e}")
                 self.target = engine.Rows(self.eng.model, self.eng.plan)
                 self.loop = Loop(self.target, self.drafter, on_finish=self._finished)
-        if self._save():
-            self.say(f"kept what {self.config.method} learned in {self.state_path}")
+        if self.keeper is not None and self.keeper.close():
+            self.say(f"kept what {self.config.method} learned in {self.keeper.path}")
 
     def _load(self) -> None:
         from agentspec.bench import make_drafter
@@ -160,35 +157,18 @@ class ServeEngine:
         self.cache = PromptCache(c.cache_bytes)
 
     def _keep_state(self, setup) -> None:
-        """Take back what the drafter learned in earlier runs (config.state), and check
-        that the file can be written, by writing it."""
-        path = self.config.state
-        self._identity = Identity(self.config.method, self.eng.name,
-                                  vocabulary_digest(setup.token_bytes))
-        if path is None or not self.drafter.state():  # (a method that keeps nothing)
+        """Take back what the drafter learned in earlier runs (config.state), and keep it
+        (a method that learns nothing has nothing to keep)."""
+        path, method = self.config.state, self.config.method
+        if path is None or not self.drafter.state():
             return
-        self.state_path = path
-        if Path(path).exists():
-            saved, warnings = restore(path, self.drafter, self._identity)
-            for warning in warnings:
-                self.say(f"warning: {warning}")
-            self.say(f"resumed what {self.config.method} learned, from {path} (saved {saved})")
-        else:
-            self.say(f"keeping what {self.config.method} learns in {path}")
-        save(path, self.drafter, self._identity)
-
-    def _save(self) -> bool:
-        """Write the drafter's state; on a failure, say so and leave the last one. Whether
-        it was written."""
-        if self.state_path is None:
-            return False
-        try:
-            save(self.state_path, self.drafter, self._identity)
-        except StateError as e:
-            log.error("agentspec serve: %s", e)
-            return False
-        self._unsaved = 0
-        return True
+        self.keeper = Keeper(path, self.drafter, Identity(method, self.eng.name,
+                                                          vocabulary_digest(setup.token_bytes)))
+        saved, warnings = self.keeper.start()
+        for warning in warnings:
+            self.say(f"warning: {warning}")
+        self.say(f"resumed what {method} learned, from {path} (saved {saved})" if saved
+                 else f"keeping what {method} learns in {path}")
 
     def _admit(self) -> None:
         room = self.config.max_batch - len(self.loop.rows)
@@ -264,9 +244,8 @@ class ServeEngine:
         held = min(layers[0].offset, len(row.request.tokens))
         self.cache.store(row.request.tokens[:held], layers)
         self.book.end(row.request)
-        self._unsaved += 1
-        if self.state_path is not None and self._unsaved >= SAVE_EVERY:
-            self._save()
+        if self.keeper is not None:
+            self.keeper.finished(idle=len(self.loop.rows) == 1)  # (this row is the last)
 
     def _drop(self, rows: list[Row]) -> None:
         for r in rows:

@@ -38,7 +38,7 @@ Environment of the engine process:
     AGENTSPEC_VLLM_STATS    a file path: the drafter's counts, rewritten as JSON per finish
     AGENTSPEC_VLLM_STATE    a file path (agentspec.state/1): what the policy learned, taken
                             back when the engine starts, saved every 16 finished requests
-                            and when its process exits, as `agentspec serve` keeps it
+                            and whenever no request is left running
 
 This module imports vllm lazily (only `hook_runner` needs it), agentspec.policy (numba) only
 when a proposer is built, and never torch.
@@ -46,7 +46,6 @@ when a proposer is built, and never torch.
 
 from __future__ import annotations
 
-import atexit
 import json
 import logging
 import os
@@ -56,7 +55,7 @@ from pathlib import Path
 from agentspec.drafter import PROMPT, Request
 from agentspec.learned_costs import TERMS
 from agentspec.sessions import PREFIX, SessionBook, request_files, request_meta
-from agentspec.state import SAVE_EVERY, Identity, StateError, restore, save, vocabulary_digest
+from agentspec.state import Identity, Keeper, vocabulary_digest
 from agentspec.structure import token_bytes
 
 # agentspec.policy is imported only when a proposer is built: it loads numba, and vLLM's CPU
@@ -141,7 +140,6 @@ class AgentspecProposer:
                            model.model, _dtype(model))
         self.encode = setup.tokenizer.encode if setup.tokenizer else None
         self.policy = make_drafter(rung, setup)
-        self._keep_state(rung, str(model.model), setup.token_bytes)
         self.book = SessionBook(self.policy, int(os.environ.get(MAX_SESSIONS_ENV) or 64),
                                 self.encode)
         self.runner = None  # set by the hook around propose_draft_token_ids
@@ -152,35 +150,22 @@ class AgentspecProposer:
         self.drafted: dict[str, int] = {}  # request id -> length of its last draft
         self.max_output: dict[str, int] = {}  # request id -> its max_tokens
         self.stats = {"propose_calls": 0, "drafts": 0, "draft_tokens": 0, "accepted": 0,
-                      "started": 0, "finished": 0, "sessions": 0, "propose_s": 0.0}
+                      "started": 0, "finished": 0, "sessions": 0, "propose_s": 0.0,
+                      "resumed": None}  # when the state taken back was saved
+        self._keep_state(rung, str(model.model), setup.token_bytes)
 
     def _keep_state(self, rung: str, model: str, vocabulary) -> None:
-        """Take back what the policy learned in earlier runs ($AGENTSPEC_VLLM_STATE; a file
-        it cannot take stops the engine with its one line), and keep saving it."""
-        self.state_path = os.environ.get(STATE_ENV) or None
-        self.unsaved = 0  # requests finished since the state was last saved
-        if self.state_path is None:
+        """Take back what the policy learned in earlier runs, and keep it
+        ($AGENTSPEC_VLLM_STATE; a file it cannot take stops the engine with its one line)."""
+        path = os.environ.get(STATE_ENV)
+        self.keeper = None
+        if not path:
             return
-        self.identity = Identity(rung, model,
-                                 vocabulary_digest(vocabulary) if vocabulary else "unknown")
-        if Path(self.state_path).exists():
-            saved, warnings = restore(self.state_path, self.policy, self.identity)
-            for warning in warnings:
-                log.warning("agentspec: %s", warning)
-            log.info("agentspec: resumed what %s learned, from %s (saved %s)", rung,
-                     self.state_path, saved)
-        save(self.state_path, self.policy, self.identity)  # (a path it cannot write fails now)
-        atexit.register(self.save_state)
-
-    def save_state(self) -> None:
-        """Write what the policy learned to $AGENTSPEC_VLLM_STATE; a failure is logged and
-        leaves the last file."""
-        try:
-            save(self.state_path, self.policy, self.identity)
-        except StateError as e:
-            log.error("agentspec: %s", e)
-            return
-        self.unsaved = 0
+        self.keeper = Keeper(path, self.policy, Identity(
+            rung, model, vocabulary_digest(vocabulary) if vocabulary else "unknown"))
+        self.stats["resumed"], warnings = self.keeper.start()
+        for warning in warnings:
+            log.warning("agentspec: %s", warning)
 
     # --- called by vLLM --------------------------------------------------------------
     def load_model(self, *args, **kwargs) -> None:
@@ -256,9 +241,8 @@ class AgentspecProposer:
             req.tokens = req.tokens[:req.num_prompt] + [int(t) for t in output]
         self.book.end(req)
         self.stats["finished"] += 1
-        self.unsaved += 1
-        if self.state_path is not None and self.unsaved >= SAVE_EVERY:
-            self.save_state()
+        if self.keeper is not None:
+            self.keeper.finished(idle=not self.requests)
         path = os.environ.get(STATS_ENV)
         if path:  # the drafter runs in vLLM's engine process: tests read its counts here
             coef = self.policy.costs.coef

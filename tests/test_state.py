@@ -8,7 +8,8 @@ import pytest
 from agentspec.bench import BenchSetup, make_drafter
 from agentspec.drafter import Plain
 from agentspec.replay import replay
-from agentspec.state import FORMAT, Identity, StateError, restore, save, vocabulary_digest
+from agentspec.state import (FORMAT, SAVE_EVERY, Identity, Keeper, StateError, restore, save,
+                             vocabulary_digest)
 from agentspec.structure import token_bytes
 from agentspec.tokens import CHATML, ChatTokenizer, tokenize_sessions
 from agentspec.trace import parse_session
@@ -152,3 +153,35 @@ def test_a_state_that_cannot_be_written_says_so(setup, ident, tmp_path):
     with pytest.raises(StateError, match="cannot write it"):
         save(tmp_path / "file" / "full.npz", make_drafter("full", setup), ident)
     assert [p.name for p in tmp_path.iterdir()] == ["file"]  # (no temporary file left)
+
+
+def test_a_keeper_saves_every_16_requests_when_idle_and_when_closed(setup, sessions, ident,
+                                                                   tmp_path):
+    path = tmp_path / "full.npz"
+    stale = tmp_path / "full.npz.k2j4.tmp"  # a write its process was killed in
+    stale.write_bytes(b"half")
+    policy = make_drafter("full", setup)
+    keeper = Keeper(path, policy, ident)
+    assert keeper.start() == (None, [])  # nothing to take back; the file is written at once
+    assert not stale.exists()
+
+    def outputs_kept() -> int:
+        keeper.wait()
+        with np.load(path) as z:
+            return len(z["g/lengths"])
+
+    assert outputs_kept() == 0
+    for s in range(3):
+        replay(sessions[s : s + 1], policy)  # its outputs join G
+        for _ in range(SAVE_EVERY - 1):
+            keeper.finished(idle=False)
+        assert outputs_kept() == len(policy.g.documents()) - len(sessions[s].calls)
+        keeper.finished(idle=False)  # the 16th
+        assert outputs_kept() == len(policy.g.documents())
+    replay(sessions[3:4], policy)
+    keeper.finished(idle=True)  # falling idle saves at once
+    assert outputs_kept() == len(policy.g.documents())
+    replay(sessions[4:5], policy)
+    assert keeper.close() and outputs_kept() == len(policy.g.documents())
+    saved, warnings = Keeper(path, make_drafter("full", setup), ident).start()
+    assert saved and warnings == []

@@ -532,8 +532,9 @@ def test_vllm_custom_class_is_lossless():
 
 
 def test_what_the_policy_learned_is_kept_across_engine_runs(tmp_path, monkeypatch):
-    """$AGENTSPEC_VLLM_STATE: a new engine takes back what the last one learned (G holds
-    its output, so the next request drafts it); another method's file stops the engine."""
+    """$AGENTSPEC_VLLM_STATE: saved when the engine falls idle, a new engine takes back what
+    the last one learned (G holds its output, so the next request drafts it); another
+    method's file stops the engine."""
     from agentspec.state import StateError
 
     state = tmp_path / "state.npz"
@@ -545,8 +546,8 @@ def test_what_the_policy_learned_is_kept_across_engine_runs(tmp_path, monkeypatc
     runner.step(first, {"r1": []}, {})
     for token in A:  # the output: A, one token a step
         runner.step(first, {"r1": [token]}, {})
-    first.finish("r1", runner.requests["r1"])
-    first.save_state()  # (what the engine process does as it exits)
+    first.finish("r1", runner.requests["r1"])  # none left running: it saves
+    first.keeper.wait()
     again = _proposer(k=4)
     again.load_model(None)
     assert [d.tolist() for d in again.policy.g.documents()] == [A]

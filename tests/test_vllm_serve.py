@@ -48,7 +48,9 @@ class VllmServer:
         if drafter:
             cmd += ["--speculative-config", json.dumps({
                 "method": "custom_class", "model": PROPOSER, "num_speculative_tokens": 8})]
+        self.state = home / f"vllm-{name}-state.npz"
         env = dict(os.environ, AGENTSPEC_VLLM_STATS=str(self.stats), VLLM_CPU_KVCACHE_SPACE="1",
+                   AGENTSPEC_VLLM_STATE=str(self.state),
                    NUMBA_CACHE_DIR=str(Path(VLLM_PYTHON).parent.parent / "numba-cache"))
         self.proc = subprocess.Popen(cmd, stdout=self.log.open("w"), stderr=subprocess.STDOUT,
                                      env=env, start_new_session=True)
@@ -151,3 +153,31 @@ def test_bench_over_http_against_vllm_serve(vllm_servers, tmp_path):
         assert drafted["identical_to_plain"], drafted["mismatches"]
         assert drafted["output_tokens"] == plain["output_tokens"] > 0
         assert drafted["al"] > 1.0 and plain["al"] == 1.0  # vLLM counts accepted drafts: none
+
+
+def test_the_drafter_keeps_what_it_learned_across_engine_runs(vllm_servers):
+    """(Stops the drafter's server: the module's last test.) What the drafter learned is in
+    its AGENTSPEC_VLLM_STATE file, G holding the outputs it saw end, and a new engine with
+    the file takes it back."""
+    import numpy as np
+
+    drafter = vllm_servers["drafter"]
+    for call in conversation("Keep this.", 3):  # each call's end reaches the drafter with
+        drafter.chat(call)                      # the next one's first step
+    drafter.stop()
+    with np.load(drafter.state) as z:
+        header = json.loads(str(z["header"]))
+        assert header["format"] == "agentspec.state/1" and header["method"] == "full"
+        assert len(z["g/lengths"]) >= 2
+    drafter.stats.unlink()  # (the new engine writes its own as its first request ends)
+    again = VllmServer(drafter.log.parent, drafter=True)
+    try:
+        again.wait(time.monotonic() + START_S)
+        for call in conversation("Again.", 2):
+            again.chat(call)
+        deadline = time.monotonic() + 60
+        while not again.stats.exists() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert json.loads(again.stats.read_text())["resumed"] == header["saved"]
+    finally:
+        again.stop()
