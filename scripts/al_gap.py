@@ -12,6 +12,13 @@ accepted, and lines the two methods' steps up by the output position they start 
   model gave them, by band, against how often that first token was the one written. Calibrated
   bands under the plan's price are drafts that would not have paid: a higher AL from them would
   cost speed.
+- with hindsight (each of `full`'s candidates against the rest of the output the target went on
+  to write), where the tokens its candidates held went: accepted; written after a sent draft
+  that stopped short (its candidate ran on); held further by a candidate passed over; held at
+  steps that sent nothing. And the sent drafts' calibration by position: each token's predicted
+  probability of being reached, by band, against how often it was, inside the draft and in the
+  three positions after it, for copies and frequency paths apart (the winner's curse, and
+  whether the plan stops where the tokens stop paying).
 
 With `--frontier`, what that AL would cost: `full` planned for each cheaper draft price given
 (its plan's lambda; the run is still priced at --lambda), its AL, rejected draft tokens and
@@ -40,6 +47,7 @@ from agentspec.cli import load_bench  # noqa: E402
 from agentspec.metrics import Meter  # noqa: E402
 from agentspec.policy import CostAware, Policy  # noqa: E402
 from agentspec.replay import replay  # noqa: E402
+from agentspec.speculation import accepted_prefix  # noqa: E402
 
 BANDS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.7, 1.0)
 
@@ -48,13 +56,23 @@ class Recorder:
     """A drafter as the engine sees it, recording each step of each request: (request id,
     output position the step starts at) -> (drafted, accepted). Of a `full` policy it also
     records, at each step it drafted nothing, every candidate's predicted first-token
-    probability and whether that token was the one written."""
+    probability and whether that token was the one written; and once a request finishes,
+    every step's candidates set against the rest of its output (`hindsight`, and `reach`:
+    the sent drafts' predicted reach probabilities with what happened, by kind and by
+    inside the draft or after it)."""
 
     def __init__(self, inner):
         self.inner = inner
         self.steps: dict[tuple[str, int], tuple[int, int]] = {}
         self.passed_over: list[tuple[float, bool]] = []
         self._start: dict[str, int] = {}
+        # per request, full's steps not yet set against the whole output: (where the step
+        # starts, tokens accepted, each candidate as (tokens, sent length or -1, the reach
+        # probability of each token if sent, whether it is a frequency path))
+        self._open: dict[str, list[tuple[int, int, list[tuple]]]] = {}
+        self.hindsight = {"accepted": 0, "sent_ran_on": 0, "rival_went_further": 0,
+                          "sending_nothing": 0}
+        self.reach: dict[tuple[str, str], list[tuple[float, bool]]] = {}
 
     def __getattr__(self, name):  # register, start, finish, ...: the drafter's own
         return getattr(self.inner, name)
@@ -68,17 +86,68 @@ class Recorder:
         at = self._start[request.id]
         self.steps[(request.id, at)] = (drafted, accepted)
         policy = self.inner
-        if not drafted and isinstance(policy, Policy) \
-                and isinstance(policy.config.length, CostAware):
-            written = request.output[at]  # the target's token at the step's first position
-            for c in policy.running[request.id].candidates:
-                p = policy.acceptance.accept_probs(request.role, c.m, c.rows, 1, c.ids)[0]
-                self.passed_over.append((float(p), c.tokens[0] == written))
+        if isinstance(policy, Policy) and isinstance(policy.config.length, CostAware):
+            run = policy.running[request.id]
+            if not drafted:
+                written = request.output[at]  # the target's token at the step's first position
+                for c in run.candidates:
+                    p = policy.acceptance.accept_probs(request.role, c.m, c.rows, 1, c.ids)[0]
+                    self.passed_over.append((float(p), c.tokens[0] == written))
+            candidates = []
+            for c in run.candidates:
+                sent = drafted and _sent_from(c, run.sent)
+                # (read before the policy learns from this step: what its plan saw)
+                reach = policy.acceptance.accept_probs(request.role, c.m, c.rows, ids=c.ids) \
+                    if sent else None
+                candidates.append((c.tokens, drafted if sent else -1, reach, c.frequency))
+            self._open.setdefault(request.id, []).append((at, accepted, candidates))
         self.inner.observe(request, drafted, accepted)
+
+    def finish(self, request):
+        output = request.output
+        for at, accepted, candidates in self._open.pop(request.id, []):
+            went_on = [(accepted_prefix(tokens, output[at:]), sent, reach, frequency)
+                       for tokens, sent, reach, frequency in candidates]
+            best = max((h for h, *_ in went_on), default=0)
+            sent = next(((h, n, reach, f) for h, n, reach, f in went_on if n > 0), None)
+            self.hindsight["accepted"] += accepted
+            if sent is None:
+                self.hindsight["sending_nothing"] += best
+                continue
+            held, n, reach, frequency = sent
+            self.hindsight["sent_ran_on"] += held - accepted
+            self.hindsight["rival_went_further"] += best - held
+            kind = "frequency" if frequency else "copy"
+            for j in range(min(n + 3, len(reach))):
+                where = "sent" if j < n else "after"
+                self.reach.setdefault((kind, where), []).append((float(reach[j]), held > j))
+        self.inner.finish(request)
+
+
+def _sent_from(candidate, sent) -> bool:
+    """Whether the draft sent is this candidate, or a frequency path cut from it before a
+    continuation that was scored with it (CostAware keeps the longer one as the candidate)."""
+    return candidate is sent or (sent is not None and candidate.frequency and sent.frequency
+                                 and candidate.tokens[: len(sent.tokens)] == sent.tokens)
+
+
+def by_band(pairs: list[tuple[float, bool]], right: str) -> list[dict]:
+    """(predicted probability, outcome) pairs by band of the prediction: how many, the mean
+    prediction, and how often the outcome (named `right`) was true."""
+    p, hit = (np.array(x) for x in zip(*pairs)) if pairs else (np.zeros(0), np.zeros(0, bool))
+    bands = []
+    for lo, hi in zip(BANDS, BANDS[1:]):
+        inside = (p >= lo) & ((p < hi) if hi < 1.0 else (p <= hi))
+        if inside.any():
+            bands.append({"band": [lo, hi], "candidates": int(inside.sum()),
+                          "predicted": round(float(p[inside].mean()), 3),
+                          right: round(float(hit[inside].mean()), 3)})
+    return bands
 
 
 def compare(full: Recorder, base: Recorder) -> dict:
-    """The aligned steps, and the calibration of what `full` passed over."""
+    """The aligned steps, the calibration of what `full` passed over, and where its
+    candidates' tokens went with hindsight."""
     common = full.steps.keys() & base.steps.keys()
     sends = [k for k in common if full.steps[k][0]]
     silent = [k for k in common if not full.steps[k][0]]
@@ -87,15 +156,6 @@ def compare(full: Recorder, base: Recorder) -> dict:
         return float(np.mean([rec.steps[k][1] for k in keys])) if keys else 0.0
 
     took = np.array([base.steps[k][1] for k in silent], dtype=int)
-    p, hit = (np.array(x) for x in zip(*full.passed_over)) if full.passed_over \
-        else (np.zeros(0), np.zeros(0, bool))
-    bands = []
-    for lo, hi in zip(BANDS, BANDS[1:]):
-        inside = (p >= lo) & ((p < hi) if hi < 1.0 else (p <= hi))
-        if inside.any():
-            bands.append({"band": [lo, hi], "candidates": int(inside.sum()),
-                          "predicted": round(float(p[inside].mean()), 3),
-                          "first_token_right": round(float(hit[inside].mean()), 3)})
     return {
         "aligned_positions": len(common),
         "full_drafts": {"steps": len(sends), "full_accepted_per_step": accepted(full, sends),
@@ -104,7 +164,10 @@ def compare(full: Recorder, base: Recorder) -> dict:
             "steps": len(silent), "base_accepted_per_step": accepted(base, silent),
             "base_took": {"0": int((took == 0).sum()), "1": int((took == 1).sum()),
                           "2+": int((took >= 2).sum())}},
-        "passed_over_calibration": bands,
+        "passed_over_calibration": by_band(full.passed_over, "first_token_right"),
+        "hindsight": full.hindsight,
+        "sent_reach": {f"{kind}/{where}": by_band(pairs, "reached")
+                       for (kind, where), pairs in sorted(full.reach.items())},
     }
 
 
@@ -173,6 +236,17 @@ def main(argv: list[str] | None = None) -> dict:
     for b in report["passed_over_calibration"]:
         print(f"  [{b['band'][0]:.1f}, {b['band'][1]:.1f}]: {b['candidates']:6d} candidates, "
               f"predicted {b['predicted']:.3f}, right {b['first_token_right']:.3f}")
+    h = report["hindsight"]
+    print(f"full's candidates, set against the rest of each output: {h['accepted']} tokens "
+          f"accepted; {h['sent_ran_on']} more written after sent drafts that stopped short; "
+          f"{h['rival_went_further']} more held by a candidate passed over; "
+          f"{h['sending_nothing']} held where nothing was sent")
+    print("sent drafts, each token's predicted probability of being reached, by band "
+          "(inside the draft; the three positions after it):")
+    for name, bands in report["sent_reach"].items():
+        print(f"  {name}: " + "; ".join(
+            f"[{b['band'][0]:.1f}, {b['band'][1]:.1f}] {b['candidates']} at {b['predicted']:.3f}"
+            f" -> {b['reached']:.3f}" for b in bands))
     for r in report.get("frontier", []):
         who = args.base if r["plan_lambda"] is None else f"full planned for λ{r['plan_lambda']}"
         ratios = "" if r["plan_lambda"] is None else \

@@ -41,8 +41,51 @@ def test_the_aligned_steps_add_up(gap, trace, tiny_model_dir, tmp_path, capsys):
     for band in report["passed_over_calibration"]:
         lo, hi = band["band"]
         assert lo <= band["predicted"] <= hi and 0.0 <= band["first_token_right"] <= 1.0
+    assert set(report["hindsight"]) == {"accepted", "sent_ran_on", "rival_went_further",
+                                        "sending_nothing"}
+    for bands in report["sent_reach"].values():
+        for band in bands:
+            lo, hi = band["band"]
+            assert lo <= band["predicted"] <= hi and 0.0 <= band["reached"] <= 1.0
     assert json.loads((tmp_path / "gap.json").read_text()) == report
-    assert "output positions where both methods start a step" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "output positions where both methods start a step" in out
+    assert "set against the rest of each output" in out
+
+
+def test_hindsight_accounts_for_every_token_the_candidates_held(gap, trace, tiny_model_dir):
+    from agentspec.bench import make_drafter
+    from agentspec.replay import replay
+    from agentspec.speculation import accepted_prefix
+
+    run = gap.load_bench("replay", [trace], sessions=None, seed=0, methods="full",
+                         batch="1", model=str(tiny_model_dir), cost_profile=None, lam=0.2,
+                         kmax=None, structure=None, profile_sessions=60, split=True,
+                         dtype=None, urls=(None, None), outputs=None, save_outputs=None)
+
+    class Best(gap.Recorder):
+        """Also keeps, per step, the most any candidate held (the hindsight's total)."""
+
+        held = 0
+
+        def finish(self, request):
+            for at, _, candidates in self._open.get(request.id, []):
+                self.held += max((accepted_prefix(c[0], request.output[at:])
+                                  for c in candidates), default=0)
+            super().finish(request)
+
+    rec = Best(make_drafter("full", run.setup))
+    total = replay(run.tokenized, rec).total
+    h = rec.hindsight
+    assert h["accepted"] == total.accepted > 0
+    assert min(h.values()) >= 0
+    assert sum(h.values()) == rec.held  # accepted + ran on + rival + where nothing was sent
+    assert not rec._open  # every request's steps were set against its output
+    reached = [pairs for (_, where), pairs in rec.reach.items() if where == "sent"]
+    # a sent token is reached exactly when it was accepted
+    assert sum(hit for pairs in reached for _, hit in pairs) == total.accepted
+    for pairs in rec.reach.values():
+        assert all(0.0 <= p <= 1.0 for p, _ in pairs)
 
 
 def test_where_no_draft_pays_every_candidate_is_passed_over(gap, trace, tiny_model_dir):
