@@ -67,9 +67,9 @@ class Recorder:
         self.passed_over: list[tuple[float, bool]] = []
         self._start: dict[str, int] = {}
         # per request, full's steps not yet set against the whole output: (where the step
-        # starts, tokens accepted, each candidate as (tokens, sent length or -1, the reach
-        # probability of each token if sent, whether it is a frequency path))
-        self._open: dict[str, list[tuple[int, int, list[tuple]]]] = {}
+        # starts, tokens drafted, tokens accepted, each candidate as (tokens, the reach
+        # probability of each token if it was sent, else None; whether it is a frequency path))
+        self._open: dict[str, list[tuple[int, int, int, list[tuple]]]] = {}
         self.hindsight = {"accepted": 0, "sent_ran_on": 0, "rival_went_further": 0,
                           "sending_nothing": 0}
         self.reach: dict[tuple[str, str], list[tuple[float, bool]]] = {}
@@ -95,26 +95,25 @@ class Recorder:
                     self.passed_over.append((float(p), c.tokens[0] == written))
             candidates = []
             for c in run.candidates:
-                sent = drafted and _sent_from(c, run.sent)
                 # (read before the policy learns from this step: what its plan saw)
                 reach = policy.acceptance.accept_probs(request.role, c.m, c.rows, ids=c.ids) \
-                    if sent else None
-                candidates.append((c.tokens, drafted if sent else -1, reach, c.frequency))
-            self._open.setdefault(request.id, []).append((at, accepted, candidates))
+                    if drafted and _sent_from(c, run.sent) else None
+                candidates.append((c.tokens, reach, c.frequency))
+            self._open.setdefault(request.id, []).append((at, drafted, accepted, candidates))
         self.inner.observe(request, drafted, accepted)
 
     def finish(self, request):
         output = request.output
-        for at, accepted, candidates in self._open.pop(request.id, []):
-            went_on = [(accepted_prefix(tokens, output[at:]), sent, reach, frequency)
-                       for tokens, sent, reach, frequency in candidates]
-            best = max((h for h, *_ in went_on), default=0)
-            sent = next(((h, n, reach, f) for h, n, reach, f in went_on if n > 0), None)
+        for at, n, accepted, candidates in self._open.pop(request.id, []):
+            went_on = [(accepted_prefix(tokens, output[at:]), reach, frequency)
+                       for tokens, reach, frequency in candidates]
+            best = max((held for held, *_ in went_on), default=0)
+            sent = next((c for c in went_on if c[1] is not None), None)
             self.hindsight["accepted"] += accepted
             if sent is None:
                 self.hindsight["sending_nothing"] += best
                 continue
-            held, n, reach, frequency = sent
+            held, reach, frequency = sent
             self.hindsight["sent_ran_on"] += held - accepted
             self.hindsight["rival_went_further"] += best - held
             kind = "frequency" if frequency else "copy"

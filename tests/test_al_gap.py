@@ -69,7 +69,7 @@ def test_hindsight_accounts_for_every_token_the_candidates_held(gap, trace, tiny
         held = 0
 
         def finish(self, request):
-            for at, _, candidates in self._open.get(request.id, []):
+            for at, _, _, candidates in self._open.get(request.id, []):
                 self.held += max((accepted_prefix(c[0], request.output[at:])
                                   for c in candidates), default=0)
             super().finish(request)
