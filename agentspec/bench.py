@@ -74,7 +74,7 @@ def make_drafter(name: str, setup: BenchSetup) -> Drafter:
         return SuffixDrafter(global_seed=seed, name=name)
     tok = setup.tokenizer
     policy = Policy(ladder(setup.lam_at(1))[name], encode=tok.encode if tok else None,
-                    decode=tok.decode if tok else None, token_bytes=setup.token_bytes,
+                    token_bytes=setup.token_bytes,
                     kmax=setup.kmax, draft_costs=setup.draft_costs, lam_at=setup.lam_at,
                     global_seed=() if setup.served else setup.global_seed)
     policy.serve_recorded(setup.served)

@@ -230,7 +230,7 @@ def load_bench(backend: str, traces: list[Path], *, sessions, seed, methods, bat
         with console.status(f"profiling Kmax on {len(held_tok)} held-out sessions"):
             # G starts empty here: seeded with these very sessions it would leak them
             table = profile_kmax(held_tok, setup.lam_at(sizes[0]), ladder()["global"],
-                                 encode=tok.encode, decode=tok.decode)
+                                 encode=tok.encode, token_bytes=setup.token_bytes)
     setup.kmax = table
     sample = {"seed": seed, "task_split": split, "profile_sessions": len(held_tok)}
     if outputs:
@@ -477,6 +477,7 @@ def profile_kmax_cmd(
     from agentspec.bench import BenchError, pick_sessions, split_by_task
     from agentspec.kmax import profile_kmax
     from agentspec.policy import ladder
+    from agentspec.structure import token_bytes
     from agentspec.tokens import ChatTokenizer, tokenize_sessions
     from agentspec.trace import read_sessions
 
@@ -495,7 +496,8 @@ def profile_kmax_cmd(
         tok = ChatTokenizer.from_model(resolve(model))
         with console.status(f"replaying {len(chosen)} sessions"):
             table = profile_kmax(tokenize_sessions(chosen, tok), lam, ladder()["global"],
-                                 max_k=max_k, encode=tok.encode, decode=tok.decode,
+                                 max_k=max_k, encode=tok.encode,
+                                 token_bytes=token_bytes(tok.tokenizer),
                                  source={"traces": [str(t) for t in traces],
                                          "sessions": len(chosen), "part": part})
     except _user_errors() as e:

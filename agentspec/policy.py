@@ -51,7 +51,7 @@ from agentspec.learned_costs import LearnedCosts
 from agentspec.match import (TAIL_MAX, Corpus, Match, context_ids, copy_lookup,
                              frequent_buffers, frequent_candidate, frequent_search)
 from agentspec.replay import replay
-from agentspec.structure import BlockTracker, StructureError, parse_structure
+from agentspec.structure import BlockTracker, StructureError, parse_structure, text_of
 from agentspec.tokens import TokenizedSession
 
 # the numba kernel of CostAware's plan (agentspec/_policy_nb.py) where numba imports, as
@@ -558,7 +558,6 @@ def draft_kind(source: str, m: Match) -> str:
 
 class Policy:
     def __init__(self, config: PolicyConfig, encode: Callable[[str], list[int]] | None = None,
-                 decode: Callable[[list[int]], str] | None = None,
                  token_bytes: list[bytes] | None = None, kmax: KmaxTable | None = None,
                  draft_costs: Callable[[int, int], np.ndarray] | None = None,
                  lam_at: Callable[[int], float] | None = None,
@@ -567,7 +566,7 @@ class Policy:
         self.name = config.name
         self._seeded = sum(1 for output in global_seed if len(output))
         self.served_sessions = 0
-        self.encode, self.decode = encode, decode
+        self.encode = encode
         self.token_bytes = token_bytes
         # C[n]: what n draft tokens per row cost at a batch size, in plain decode steps; the
         # engine's own steps (observe_step) replace the profile's prices once they can
@@ -647,15 +646,15 @@ class Policy:
                 return
             st.w.extend(tokens)
             st.w.end_document()
-            if self.config.emission and self.encode and self.decode:
-                for form in emission_forms(self.decode(list(tokens))):
+            if self.config.emission and self.encode and self.token_bytes:
+                for form in emission_forms(text_of(self.token_bytes, tokens)):
                     st.w.extend(self.encode(form))
                     st.w.end_document()
         elif kind != OUTPUT and self.config.session:
             st.s.extend(tokens)
             st.s.end_document()
-            if self.config.listings and self.encode and self.decode:
-                for listing in numbered_listings(self.decode(list(tokens))):
+            if self.config.listings and self.encode and self.token_bytes:
+                for listing in numbered_listings(text_of(self.token_bytes, tokens)):
                     if listing not in st.listings:  # a window shown again adds nothing
                         st.listings.add(listing)
                         st.s.extend(self.encode(listing))

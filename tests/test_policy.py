@@ -17,6 +17,7 @@ from agentspec.match import Match
 from agentspec.policy import (Algorithm2, CostAware, Fixed, Longest, MostExpected, Policy,
                               PolicyConfig, draft_kind, emission_forms, ladder,
                               numbered_listings)
+from agentspec.structure import token_bytes
 from agentspec.tokens import CHATML, ChatTokenizer
 from conftest import run_without_numba, tiny_tokenizer
 
@@ -334,7 +335,7 @@ def test_workspace_and_emission_forms():
     target = tok.encode("    return a - b\n")
 
     def draft(cfg):
-        p = Policy(cfg, encode=tok.encode, decode=tok.decode)
+        p = Policy(cfg, encode=tok.encode, token_bytes=token_bytes(tok.tokenizer))
         p.register("A", FILE, tok.encode(text), "src/calc.py")
         r = request("r", "A", [0] + ctx)
         p.start(r)
@@ -364,7 +365,7 @@ def test_a_line_copied_from_a_numbered_listing_drafts_past_the_line_start():
 
     def draft(listings):
         cfg = PolicyConfig("s", listings=listings, length=Fixed(len(target)))
-        p = Policy(cfg, encode=tok.encode, decode=tok.decode)
+        p = Policy(cfg, encode=tok.encode, token_bytes=token_bytes(tok.tokenizer))
         p.register("A", TOOL, tok.encode(shown))
         r = request("r", "A", [0] + ctx)
         p.start(r)
@@ -376,7 +377,8 @@ def test_a_line_copied_from_a_numbered_listing_drafts_past_the_line_start():
 def test_a_listing_shown_again_is_not_added_again():
     tok = ChatTokenizer(tiny_tokenizer(), CHATML)
     shown = tok.encode("[File: calc.py]\n1:def add(a, b):\n2:    total = a - b\n3:    return total\n")
-    p = Policy(PolicyConfig("s", listings=True), encode=tok.encode, decode=tok.decode)
+    p = Policy(PolicyConfig("s", listings=True), encode=tok.encode,
+               token_bytes=token_bytes(tok.tokenizer))
     p.register("A", TOOL, shown)
     once = len(p.sessions["A"].s)  # (real tokens held)
     assert once > len(shown)  # the tool output, and its lines unnumbered

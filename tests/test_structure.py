@@ -12,7 +12,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from conftest import tiny_tokenizer
 
 from agentspec.structure import (MAX_DEPTH, BlockTracker, StructureError, parse_structure,
-                                 token_bytes)
+                                 text_of, token_bytes)
 
 FENCE = (("```python", "```"),)
 FIXTURES = [HealthCheck.function_scoped_fixture]  # module-scoped fixtures, safe to reuse
@@ -159,6 +159,29 @@ def test_token_bytes_byte_level(bpe, bpe_bytes):
 def test_token_bytes_round_trip_any_text(bpe, bpe_bytes, text):
     ids = bpe.encode(text, add_special_tokens=False).ids
     assert b"".join(bpe_bytes[i] for i in ids) == text.encode()
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=FIXTURES)
+@given(text=st.text())
+def test_text_of_is_the_tokenizers_decode(bpe, bpe_bytes, text):
+    ids = bpe.encode(text, add_special_tokens=False).ids
+    assert text_of(bpe_bytes, ids) == text == bpe.decode(ids, skip_special_tokens=False)
+    # a character cut between tokens decodes as U+FFFD, as the tokenizer's does
+    cut = [i for i in ids if not _utf8(bpe_bytes[i])][:1]
+    assert text_of(bpe_bytes, cut) == bpe.decode(cut, skip_special_tokens=False)
+
+
+def _utf8(data: bytes) -> bool:
+    try:
+        data.decode("utf-8")
+        return True
+    except UnicodeDecodeError:
+        return False
+
+
+def test_text_of_reads_ids_outside_the_map_as_empty(bpe, bpe_bytes):
+    ids = bpe.encode("x = 1", add_special_tokens=False).ids
+    assert text_of(bpe_bytes, [len(bpe_bytes) + 5, *ids, 2**40]) == "x = 1"
 
 
 def test_token_bytes_sentencepiece_style():
