@@ -4,8 +4,9 @@ One `Policy` class serves every rung of the method ladder; a `PolicyConfig` swit
 mechanisms on and names two small strategy objects, composed per rung by `ladder()`:
 - corpora (AgSpec): S = this session's prompts, tool outputs and outputs (shared by all
   roles, including the running output; with `listings`, a file a tool showed as numbered
-  lines also without its numbers); W = files the session opened, raw and in the
-  ' '- and '-'-prefixed diff emission forms; G = outputs of other sessions. How their
+  lines also without its numbers); W = files the session opened, raw and (once an output
+  writes a hunk) in the ' '- and '-'-prefixed diff emission forms; G = outputs of other
+  sessions. How their
   matches compete (`choose`): `Longest` (AgSpec: S and W on match length, tie S; G only
   when longer by more than `delta`) or `MostExpected` (ours: by the acceptance model).
 - structure isolation (AgentSpec): a pushdown automaton tracks the open block of each
@@ -463,6 +464,7 @@ class _Session:
     w: Corpus
     blocks: dict[tuple[str, str, str | None], Corpus] = field(default_factory=dict)
     listings: set[str] = field(default_factory=set)  # unnumbered listings already in s
+    unformed: list[list[int]] = field(default_factory=list)  # files without emission forms
 
 
 @dataclass
@@ -647,9 +649,7 @@ class Policy:
             st.w.extend(tokens)
             st.w.end_document()
             if self.config.emission and self.encode and self.token_bytes:
-                for form in emission_forms(text_of(self.token_bytes, tokens)):
-                    st.w.extend(self.encode(form))
-                    st.w.end_document()
+                st.unformed.append(list(tokens))  # (see _form)
         elif kind != OUTPUT and self.config.session:
             st.s.extend(tokens)
             st.s.end_document()
@@ -683,6 +683,8 @@ class Policy:
             return new
         run.fed = len(request.tokens)
         st = self.sessions[request.session]
+        if st.unformed:
+            self._form(st, request.tokens[-len(new) - 1 :])
         if self.config.session:
             st.s.extend(new)
         if self.config.isolate:
@@ -697,6 +699,20 @@ class Policy:
                         self._block(st, request, labels[start]).extend(new[start:i])
                     start = i
         return new
+
+    def _form(self, st: _Session, written: list[int]) -> None:
+        """Put the session's files in W in their diff emission forms once an output writes
+        a hunk header ("@@", which every context and removed line of a unified diff
+        follows; `written`: the new tokens and the one before them, as one may be cut
+        between two). Encoding both forms of a file is most of what registering it costs
+        (the tokenizer): a session whose outputs never write a diff does not pay it."""
+        if "@@" not in text_of(self.token_bytes, written):
+            return
+        for tokens in st.unformed:
+            for form in emission_forms(text_of(self.token_bytes, tokens)):
+                st.w.extend(self.encode(form))
+                st.w.end_document()
+        st.unformed.clear()
 
     def _block(self, st: _Session, request: Request, label: str | None) -> Corpus:
         key = (request.agent, request.query, label)

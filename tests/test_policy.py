@@ -331,20 +331,23 @@ def test_workspace_and_emission_forms():
     text = "def add(a, b):\n    return a - b\n"
     assert emission_forms(text) == (" def add(a, b):\n     return a - b\n",
                                     "-def add(a, b):\n-    return a - b\n")
-    ctx = tok.encode("--- a/src/calc.py\n+++ b/src/calc.py\n@@ -1,2 +1,2 @@\n def add(a, b):\n-")
+    written = tok.encode("--- a/src/calc.py\n+++ b/src/calc.py\n@@ -1,2 +1,2 @@\n def add(a, b):\n-")
     target = tok.encode("    return a - b\n")
 
-    def draft(cfg):
+    def draft(cfg, output):
         p = Policy(cfg, encode=tok.encode, token_bytes=token_bytes(tok.tokenizer))
         p.register("A", FILE, tok.encode(text), "src/calc.py")
-        r = request("r", "A", [0] + ctx)
+        r = request("r", "A", [0], output=output)  # the model wrote the diff so far
         p.start(r)
-        return p.propose([r])[0]
+        return p.propose([r])[0], len(p.sessions["A"].w)
 
-    raw = draft(PolicyConfig("workspace", session=False, workspace=True, length=Fixed(len(target))))
-    diff = draft(PolicyConfig("emission", session=False, workspace=True, emission=True,
-                              length=Fixed(len(target))))
+    workspace = PolicyConfig("workspace", session=False, workspace=True, length=Fixed(len(target)))
+    emission = replace(workspace, name="emission", emission=True)
+    (raw, _), (diff, held) = draft(workspace, written), draft(emission, written)
     assert diff == target and raw != target
+    # the forms are encoded once an output writes a hunk header, not before
+    no_hunk = tok.encode("--- a/src/calc.py\n+++ b/src/calc.py\n")
+    assert draft(emission, no_hunk)[1] == len(tok.encode(text)) < held
 
 
 def test_numbered_listings_are_the_runs_of_consecutively_numbered_lines():
