@@ -6,7 +6,8 @@ mechanisms on and names two small strategy objects, composed per rung by `ladder
   roles, including the running output; with `listings`, a file a tool showed as numbered
   lines also without its numbers); W = files the session opened, raw and (once an output
   writes a hunk) in the ' '- and '-'-prefixed diff emission forms; G = outputs of other
-  sessions. How their
+  sessions (with `lead`, an output's document in S and G starts with its prompt's last
+  tokens, so an output's first tokens have a context too). How their
   matches compete (`choose`): `Longest` (AgSpec: S and W on match length, tie S; G only
   when longer by more than `delta`) or `MostExpected` (ours: by the acceptance model).
 - structure isolation (AgentSpec): a pushdown automaton tracks the open block of each
@@ -49,7 +50,7 @@ from agentspec.costs import linear_costs
 from agentspec.drafter import FILE, OUTPUT, PROMPT, Request
 from agentspec.frequency import FREQUENCY_CLASSES
 from agentspec.learned_costs import LearnedCosts
-from agentspec.match import (TAIL_MAX, Corpus, Match, context_ids, copy_lookup,
+from agentspec.match import (MAX_CONTEXT, TAIL_MAX, Corpus, Match, context_ids, copy_lookup,
                              frequent_buffers, frequent_candidate, frequent_search)
 from agentspec.replay import replay
 from agentspec.structure import BlockTracker, StructureError, parse_structure, text_of
@@ -431,6 +432,8 @@ class PolicyConfig:
     isolate: bool = False  # drafts inside a block only from history of that block
     isolate_only: bool = False  # AgentSpec: block history is the only source
     follow: bool = False  # keep reading a continuation while the output copies it
+    # an output's document in S and G starts with the prompt's last tokens (see output_lead)
+    lead: bool = False
     choose: Longest | MostExpected = field(default_factory=Longest)
     length: Fixed | Alpha | Algorithm2 | CostAware = field(default_factory=Fixed)
     max_k: int = 64
@@ -541,6 +544,15 @@ def numbered_listings(text: str) -> list[str]:
             run.append(m.group(2))
         last = number
     return listings
+
+
+def output_lead(request: Request) -> list[int]:
+    """The prompt's last MAX_CONTEXT tokens (the chat template's assistant header among
+    them), which an output's document in S and G starts with: the first tokens of an
+    output then follow a context that earlier outputs' first tokens followed, as the
+    frequency search reads at any later position (which otherwise had only text no output
+    ever followed)."""
+    return request.tokens[max(0, request.num_prompt - MAX_CONTEXT) : request.num_prompt]
 
 
 def emission_forms(text: str) -> tuple[str, str]:
@@ -668,6 +680,9 @@ class Policy:
             if corpus is not None:
                 corpus.flush()
         run = _Running(fed=request.num_prompt)
+        if self.config.session and self.config.lead:
+            st.s.end_document()  # (a lead starts a document, glued to no other request's)
+            st.s.extend(output_lead(request))
         if self.config.isolate and request.structure and self.token_bytes is not None:
             try:
                 pairs = parse_structure([list(p) for p in request.structure])
@@ -832,6 +847,8 @@ class Policy:
         for corpus in st.blocks.values():
             corpus.end_document()
         if self.g is not None and request.output:
+            if self.config.lead:
+                self.g.extend(output_lead(request))
             self.g.extend(request.output)
             self.g.end_document()
 
@@ -940,7 +957,7 @@ def ladder(lam: float = 0.2) -> dict[str, PolicyConfig]:
     glob = replace(emission, name="global", global_=True)
     cost = CostAware(frequency=True, session_text=True, learned_paths=True, token_classes=True,
                      score_all=True, calibrate_sent=True, token_bias=True, extend=True)
-    full = replace(glob, name="full", listings=True, isolate=True, follow=True,
+    full = replace(glob, name="full", listings=True, isolate=True, follow=True, lead=True,
                    choose=MostExpected(), length=cost, lam=lam)
     return {
         "session": session,
@@ -970,6 +987,7 @@ def ladder(lam: float = 0.2) -> dict[str, PolicyConfig]:
                                             length=replace(cost, calibrate_sent=False)),
         "full-no-token-bias": replace(full, name="full-no-token-bias",
                                       length=replace(cost, token_bias=False)),
+        "full-no-output-lead": replace(full, name="full-no-output-lead", lead=False),
         "full-no-extension": replace(full, name="full-no-extension",
                                      length=replace(cost, extend=False)),
     }

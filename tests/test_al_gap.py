@@ -105,8 +105,9 @@ def test_the_frontier_plans_full_cheaper_and_prices_it_the_same(gap, trace, tiny
                        "--frontier", "0.0"])
     base, at_lam, free = report["frontier"]
     assert (base["plan_lambda"], at_lam["plan_lambda"], free["plan_lambda"]) == (None, 0.2, 0.0)
+    # (its AL need not be higher: sent whole, a candidate the price used to cut short can
+    # also be the one that wins the step over another)
     assert free["rejected_per_token"] >= at_lam["rejected_per_token"]
-    assert free["al"] >= at_lam["al"]
     assert free["al_ratio"] == round(free["al"] / base["al"], 4)
     assert "full planned for λ0.0" in capsys.readouterr().out
 

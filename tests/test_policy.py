@@ -326,6 +326,34 @@ def test_global_needs_a_match_longer_by_more_than_delta():
     assert p.propose([long]) == [[18, 19, 20]]
 
 
+def test_an_output_starts_as_earlier_outputs_did_after_the_same_prompt_end():
+    header = [90, 91, 92]  # what every prompt ends with (a chat template's assistant header)
+
+    def first_draft(lead: bool) -> list[int]:
+        p = Policy(PolicyConfig("s", lead=lead, length=Fixed(4)))
+        earlier = request("r1", "A", [1, 2, 3] + header, output=[5, 6, 7, 8, 9])
+        p.start(earlier)
+        p.finish(earlier)
+        r = request("r2", "A", [4, 4, 4] + header)
+        p.start(r)
+        return p.propose([r])[0]
+
+    assert first_draft(lead=True) == [5, 6, 7, 8] and first_draft(lead=False) == []
+
+
+def test_an_output_lead_joins_g_so_other_sessions_start_from_it():
+    p = Policy(replace(ladder()["full"], listings=False))
+    for i in range(3):  # three sessions' outputs start alike after the header
+        earlier = request(f"a{i}", f"A{i}", [i, 90, 91, 92], output=[5, 6, 7, 8, 9, 10 + i])
+        p.start(earlier)
+        p.finish(earlier)
+    r = request("b", "B", [40, 90, 91, 92])  # a new session: nothing in its own S
+    p.start(r)
+    p.propose([r])
+    paths = [c.tokens for c in p.running["b"].candidates if c.frequency]
+    assert paths and paths[0][:5] == [5, 6, 7, 8, 9]
+
+
 def test_workspace_and_emission_forms():
     tok = ChatTokenizer(tiny_tokenizer(), CHATML)
     text = "def add(a, b):\n    return a - b\n"

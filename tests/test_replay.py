@@ -4,6 +4,7 @@ import pytest
 from agentspec.replay import replay
 from agentspec.bench import BenchSetup, make_drafter, run_replay_bench
 from agentspec.drafter import FILE, PROMPT, TOOL, Plain
+from agentspec.policy import output_lead
 from agentspec.tokens import CHATML, PLAIN, ChatTokenizer, chat_format, tokenize_sessions
 from agentspec.trace import parse_session
 from conftest import CHATML as CHATML_TEMPLATE
@@ -140,14 +141,18 @@ def test_report_follows_bench_schema(tok):
 
 def test_policies_serve_the_profiling_split(tok):
     """Where the recorded outputs are the target's, the policies serve the profiling split
-    before the measured sessions: G ends holding exactly the outputs seeding would have put
-    there, the acceptance model has learned from their steps, and the report says which
-    method served what; suffix gets the same outputs as its tree of responses."""
+    before the measured sessions: G ends holding the outputs seeding would have put there
+    (each after its prompt's last tokens, as a served output's document starts), the
+    acceptance model has learned from their steps, and the report says which method served
+    what; suffix gets the same outputs as its tree of responses."""
     held, measured = tokenized(tok, 3)[:2], tokenized(tok, 3)[2:]
     seed = [c.output for s in held for c in s.calls]
     seeded = make_drafter("full", BenchSetup(global_seed=seed))
     served = make_drafter("full", BenchSetup(global_seed=seed, served=held))
-    assert np.array_equal(served.g._buf[: served.g._n], seeded.g._buf[: seeded.g._n])
+    assert [d.tolist() for d in seeded.g.documents()] == [o for o in seed if o]
+    leads = [output_lead(s.request(i)) for s in held for i, c in enumerate(s.calls) if c.output]
+    assert [d.tolist() for d in served.g.documents()] == \
+        [lead + o for lead, o in zip(leads, (o for o in seed if o))]
     assert served.global_seed_outputs == seeded.global_seed_outputs == len(seed) > 0
     assert (served.served_sessions, seeded.served_sessions) == (2, 0)
     assert not served.sessions and not served.running  # nothing of theirs left but G

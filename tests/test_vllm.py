@@ -550,7 +550,7 @@ def test_what_the_policy_learned_is_kept_across_engine_runs(tmp_path, monkeypatc
     first.keeper.wait()
     again = _proposer(k=4)
     again.load_model(None)
-    assert [d.tolist() for d in again.policy.g.documents()] == [A]
+    assert [d.tolist() for d in again.policy.g.documents()] == [[1, 2, 3] + A]  # lead, output
     runner = FakeRunner()
     runner.add("r2", [4, 4, 4])
     runner.step(again, {"r2": []}, {})
