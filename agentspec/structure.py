@@ -206,12 +206,9 @@ def _types(component: object) -> list[dict]:
 def text_of(token_bytes: list[bytes], ids: Iterable[int]) -> str:
     """The text of token ids, from their bytes (a split UTF-8 sequence decodes as U+FFFD);
     ids outside the map count as empty tokens, as the automaton reads them."""
-    try:
-        data = b"".join([token_bytes[t] for t in ids])
-    except IndexError:
-        n = len(token_bytes)
-        data = b"".join([token_bytes[t] if 0 <= t < n else b"" for t in ids])
-    return data.decode("utf-8", "replace")
+    n = len(token_bytes)
+    return b"".join([token_bytes[t] if 0 <= t < n else b"" for t in ids]).decode("utf-8",
+                                                                                  "replace")
 
 
 def token_bytes(tokenizer) -> list[bytes]:

@@ -181,7 +181,7 @@ def _utf8(data: bytes) -> bool:
 
 def test_text_of_reads_ids_outside_the_map_as_empty(bpe, bpe_bytes):
     ids = bpe.encode("x = 1", add_special_tokens=False).ids
-    assert text_of(bpe_bytes, [len(bpe_bytes) + 5, *ids, 2**40]) == "x = 1"
+    assert text_of(bpe_bytes, [len(bpe_bytes) + 5, *ids, 2**40, -1]) == "x = 1"
 
 
 def test_token_bytes_sentencepiece_style():
