@@ -46,7 +46,10 @@ class Meter:
         self.by_role: dict[str, Counts] = defaultdict(Counts)
         self.step_rows: list[int] = []  # b: requests verified in each batch step
         self.step_drafts: list[int] = []  # K: draft tokens verified in each batch step
-        self.drafter_ns = 0
+        self.drafter_ns = 0  # in propose and observe: the spec's overhead
+        # in registering, starting and finishing calls, and dropping sessions (between
+        # steps; None where the backend does not time them)
+        self.call_ns: int | None = None
 
     @classmethod
     def plain(cls, output_tokens: int) -> "Meter":
@@ -101,6 +104,9 @@ class Meter:
                 for role, c in sorted(self.by_role.items())
             },
         }
+        if self.call_ns is not None:
+            entry["call_overhead_us_per_step"] = round(
+                self.call_ns / 1e3 / max(self.total.steps, 1), 2)
         if profile is not None:
             entry["modeled_speedup"]["profile"] = round(
                 plain.profile_cost(profile) / self.profile_cost(profile), 4)

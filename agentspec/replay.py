@@ -61,8 +61,10 @@ class Recording:
 
 class _Clock:
     """The drafter's CPU time outside decoding steps, `with clock:` around each drafter call
-    (the engine's own work between them is not the drafter's). The overhead counts it with
-    propose and observe: starting a call indexes the text its prompt shows."""
+    (the engine's own work between them is not the drafter's): registering a call's text,
+    starting and finishing it, dropping a session. The report gives it beside the overhead
+    (propose and observe, as bench-json.md defines it): starting a call indexes the text its
+    prompt shows."""
 
     def __init__(self):
         self.ns = 0
@@ -104,6 +106,7 @@ def replay(sessions: Sequence[TokenizedSession], drafter: Drafter, batch: int = 
     `on_tokens` is called with the number of output tokens each step produced.
     """
     meter = Meter()
+    meter.call_ns = 0
     waiting = deque(sessions)
     clock = _Clock()
 
@@ -138,8 +141,9 @@ def replay(sessions: Sequence[TokenizedSession], drafter: Drafter, batch: int = 
         for role, r in zip(roles, rows):
             meter.row(role, *r.steps[-1])
         meter.step(len(rows), sum(r.steps[-1][1] for r in rows))
-        # the drafter's time in the steps, and in starting and finishing calls since the last
-        meter.drafter_ns += sum(r.drafter_ns - b for r, b in zip(rows, before)) + clock.ns
+        # the drafter's time in the step, and in starting and finishing calls since the last
+        meter.drafter_ns += sum(r.drafter_ns - b for r, b in zip(rows, before))
+        meter.call_ns += clock.ns
         clock.ns = 0
         if on_tokens:
             on_tokens(sum(r.steps[-1][0] for r in rows))

@@ -1,3 +1,5 @@
+import time
+
 import numpy as np
 import pytest
 
@@ -117,6 +119,26 @@ def test_engine_calls_reach_the_drafter_in_order(tok):
     assert [f[2] for f in finishes] == [len(c.output) for c in ts.calls]
 
 
+class SlowStarts(Plain):
+    """Spends ~5 ms of CPU time starting each call and nothing in its steps."""
+
+    def start(self, request):
+        end = time.thread_time() + 0.005
+        while time.thread_time() < end:
+            pass
+
+
+def test_overhead_is_propose_and_observe_and_calls_are_apart(tok):
+    # bench-json.md: overhead_us_per_step is propose + observe; the replay gives the time
+    # spent in calls between steps (registering, starting, finishing them) beside it
+    sessions = tokenized(tok, 2)
+    meter = replay(sessions, SlowStarts())
+    entry = meter.report(meter)
+    calls = sum(len(s.calls) for s in sessions)
+    assert entry["call_overhead_us_per_step"] * meter.total.steps >= 0.9 * 5000 * calls
+    assert entry["overhead_us_per_step"] < entry["call_overhead_us_per_step"] / 10
+
+
 def test_report_follows_bench_schema(tok):
     sessions = tokenized(tok, 2)
     seed = [sessions[0].calls[0].output]
@@ -128,7 +150,8 @@ def test_report_follows_bench_schema(tok):
     for name, m in r["methods"].items():
         assert set(m) >= {"al", "rejected_per_token", "draft_per_step", "steps", "output_tokens",
                           "modeled_speedup", "tokens_per_s", "speedup", "identical_to_plain",
-                          "overhead_us_per_step", "by_role", "knowledge"}
+                          "overhead_us_per_step", "call_overhead_us_per_step", "by_role",
+                          "knowledge"}
         assert set(m["modeled_speedup"]) == {"0.02", "0.1", "0.2", "0.5"}
         assert m["tokens_per_s"] is None and m["by_role"]["code"]["output_tokens"] > 0
     assert r["methods"]["plain"]["al"] == 1.0
