@@ -248,7 +248,9 @@ class AgentspecProposer:
             coef = self.policy.costs.coef
             self.stats["learned_step_s"] = None if coef is None else dict(
                 zip(TERMS, map(float, coef)))
-            Path(path).write_text(json.dumps(self.stats))
+            # whole or not at all: a reader polls the file while requests end
+            Path(f"{path}.tmp").write_text(json.dumps(self.stats))
+            os.replace(f"{path}.tmp", path)
 
     # --- internals -------------------------------------------------------------------
     def _update(self, req_id: str, sampled: list[int], row, n: int) -> Request:
