@@ -106,7 +106,6 @@ def replay(sessions: Sequence[TokenizedSession], drafter: Drafter, batch: int = 
     `on_tokens` is called with the number of output tokens each step produced.
     """
     meter = Meter()
-    meter.call_ns = 0
     waiting = deque(sessions)
     clock = _Clock()
 
@@ -141,10 +140,8 @@ def replay(sessions: Sequence[TokenizedSession], drafter: Drafter, batch: int = 
         for role, r in zip(roles, rows):
             meter.row(role, *r.steps[-1])
         meter.step(len(rows), sum(r.steps[-1][1] for r in rows))
-        # the drafter's time in the step, and in starting and finishing calls since the last
         meter.drafter_ns += sum(r.drafter_ns - b for r, b in zip(rows, before))
-        meter.call_ns += clock.ns
-        clock.ns = 0
         if on_tokens:
             on_tokens(sum(r.steps[-1][0] for r in rows))
+    meter.call_ns = clock.ns
     return meter
