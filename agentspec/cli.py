@@ -440,21 +440,19 @@ def report_table(report: dict) -> Table:
         t.add_column("speedup " + ("profile" if lam == "profile" else f"λ={lam}"),
                      justify="right")
     t.add_column("µs/step", justify="right")
-    # the drafter's time in calls, between steps, where the backend times it
-    calls = ["µs/step calls"] if all("call_overhead_us_per_step" in m
-                                      for m in methods.values()) else []
-    for col in calls:
-        t.add_column(col, justify="right")
+    with_calls = all("call_overhead_us_per_step" in m for m in methods.values())
+    if with_calls:  # the drafter's time in calls between steps, where the backend times it
+        t.add_column("µs/step calls", justify="right")
     for name, m in methods.items():
         t.add_row(name, "all", f"{m['al']:.3f}", f"{m['rejected_per_token']:.3f}",
                   f"{m['draft_per_step']:.2f}", str(m["output_tokens"]),
                   *[f"{m['modeled_speedup'][l]:.3f}" for l in lambdas],
                   f"{m['overhead_us_per_step']:.1f}",
-                  *[f"{m['call_overhead_us_per_step']:.1f}" for _ in calls])
+                  *([f"{m['call_overhead_us_per_step']:.1f}"] if with_calls else []))
         if len(m["by_role"]) > 1:
             for role, r in m["by_role"].items():
                 t.add_row("", role, f"{r['al']:.3f}", f"{r['rejected_per_token']:.3f}", "",
-                          str(r["output_tokens"]), *[""] * len(lambdas), "", *[""] * len(calls))
+                          str(r["output_tokens"]), *[""] * len(lambdas), "", *[""] * with_calls)
     return t
 
 

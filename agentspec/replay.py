@@ -61,10 +61,9 @@ class Recording:
 
 class _Clock:
     """The drafter's CPU time outside decoding steps, `with clock:` around each drafter call
-    (the engine's own work between them is not the drafter's): registering a call's text,
-    starting and finishing it, dropping a session. The report gives it beside the overhead
-    (propose and observe, as bench-json.md defines it): starting a call indexes the text its
-    prompt shows."""
+    (the engine's own work between them is not the drafter's): registering a call's text
+    (its prompt indexed), starting and finishing it, dropping a session. The report gives
+    it beside the overhead, which is propose and observe as bench-json.md defines it."""
 
     def __init__(self):
         self.ns = 0
