@@ -27,6 +27,10 @@ OUTPUTS_FORMAT = "agentspec.outputs/1"  # what a real backend's plain run wrote,
 
 
 BASELINES = ("plain", "ngram", "suffix", "suffix-cold")
+# policies run as on a machine that has served nothing yet, beside `suffix-cold`: no past
+# outputs, no served sessions, no Kmax profile (the acceptance model starts from its
+# defaults); what describes the machine (lambda, the cost profile) they keep
+COLD_POLICIES = {"full-cold": "full"}
 
 
 @dataclass
@@ -56,8 +60,13 @@ class BenchSetup:
             self.lam_at(b), max_k)
 
 
+def policy_names() -> list[str]:
+    """The methods that are an agentspec policy: the ladder's rungs and the cold ones."""
+    return [*ladder(), *COLD_POLICIES]
+
+
 def method_names() -> list[str]:
-    return [*BASELINES, *ladder()]
+    return [*BASELINES, *policy_names()]
 
 
 def make_drafter(name: str, setup: BenchSetup) -> Drafter:
@@ -72,8 +81,13 @@ def make_drafter(name: str, setup: BenchSetup) -> Drafter:
 
         seed = setup.global_seed if name == "suffix" else ()
         return SuffixDrafter(global_seed=seed, name=name)
+    rung = COLD_POLICIES.get(name, name)
+    if rung != name:
+        setup = BenchSetup(tokenizer=setup.tokenizer, lam=setup.lam, profile=setup.profile,
+                           token_bytes=setup.token_bytes)
     tok = setup.tokenizer
-    policy = Policy(ladder(setup.lam_at(1))[name], encode=tok.encode if tok else None,
+    policy = Policy(replace(ladder(setup.lam_at(1))[rung], name=name),
+                    encode=tok.encode if tok else None,
                     token_bytes=setup.token_bytes,
                     kmax=setup.kmax, draft_costs=setup.draft_costs, lam_at=setup.lam_at,
                     global_seed=() if setup.served else setup.global_seed)
@@ -85,7 +99,7 @@ def knowledge(drafter: Drafter) -> dict:
     """What a method was given beyond the sessions it serves, for the report: every method
     that can use past outputs gets the same ones."""
     return {"global_seed_outputs": drafter.global_seed_outputs,
-            "served_sessions": drafter.served_sessions}
+            "served_sessions": drafter.served_sessions, "kmax_profile": drafter.kmax_profile}
 
 
 def job_sessions(sessions: Sequence[TokenizedSession],

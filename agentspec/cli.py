@@ -110,7 +110,8 @@ def bench(
 
     Methods: baselines [b]plain[/], [b]ngram[/] (vLLM's), [b]suffix[/] (arctic-inference as
     vLLM runs it, given the past outputs every method gets), [b]suffix-cold[/]; the ladder
-    [b]session[/] ... [b]full[/] (our default) and full's ablations (docs/ladder.md).
+    [b]session[/] ... [b]full[/] (our default), [b]full-cold[/] (given nothing, as
+    suffix-cold) and full's ablations (docs/ladder.md).
 
     [b]Examples[/b]
 

@@ -42,6 +42,7 @@ class Drafter(Protocol):
     name: str
     global_seed_outputs: int  # past outputs it was given to draft from (reports say so)
     served_sessions: int = 0  # recorded sessions it served before the measured ones
+    kmax_profile: bool = False  # its acceptance model starts from a Kmax profile of past sessions
 
     def register(self, session: str, kind: str, tokens: Sequence[int], path: str = "") -> None:
         """Add text a session saw or wrote (kind: PROMPT, TOOL, FILE or OUTPUT)."""

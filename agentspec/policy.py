@@ -580,6 +580,7 @@ class Policy:
         self.name = config.name
         self._seeded = sum(1 for output in global_seed if len(output))
         self.served_sessions = 0
+        self.kmax_profile = kmax is not None
         self.encode = encode
         self.token_bytes = token_bytes
         # C[n]: what n draft tokens per row cost at a batch size, in plain decode steps; the

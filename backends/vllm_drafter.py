@@ -29,8 +29,9 @@ Per-request metadata, as flat `vllm_xargs` keys (all optional):
 A bad value is ignored for that request only, with a warning.
 
 Environment of the engine process:
-    AGENTSPEC_VLLM_METHOD   the ladder rung to run (agentspec.policy.ladder), default "full"
-    AGENTSPEC_VLLM_SETUP    a JSON file of what the rung may know beyond its requests:
+    AGENTSPEC_VLLM_METHOD   the policy to run (agentspec.bench.policy_names), default "full"
+    AGENTSPEC_VLLM_SETUP    a JSON file of what the policy may know beyond its requests
+                            (full-cold takes only the lambda and the cost profile):
                             {"lambda": 0.2, "cost_profile": PATH, "kmax": PATH,
                              "global_seed": [[token ids of past outputs], ...]} (all optional)
     AGENTSPEC_MAX_SESSIONS  sessions kept (default 64); the least recently used one without a
@@ -119,12 +120,11 @@ def _tokenizer(path: str | None):
 
 
 class AgentspecProposer:
-    """Drives `agentspec.policy.Policy` (the rung $AGENTSPEC_VLLM_METHOD, default "full")
+    """Drives `agentspec.policy.Policy` (the policy $AGENTSPEC_VLLM_METHOD, default "full")
     from vLLM's model runner."""
 
     def __init__(self, vllm_config):
-        from agentspec.bench import make_drafter
-        from agentspec.policy import ladder
+        from agentspec.bench import make_drafter, policy_names
 
         hook_runner()
         spec = vllm_config.speculative_config
@@ -132,9 +132,9 @@ class AgentspecProposer:
         self.k = int(spec.num_speculative_tokens)
         self.max_model_len = int(model.max_model_len)
         rung = os.environ.get(METHOD_ENV) or "full"
-        if rung not in ladder():
-            raise ValueError(f"{METHOD_ENV}={rung!r} is not a ladder rung; choose from "
-                             f"{', '.join(ladder())}")
+        if rung not in policy_names():
+            raise ValueError(f"{METHOD_ENV}={rung!r} is not an agentspec policy; choose from "
+                             f"{', '.join(policy_names())}")
         setup = load_setup(os.environ.get(SETUP_ENV),
                            _tokenizer(getattr(model, "tokenizer", None) or model.model),
                            model.model, _dtype(model))

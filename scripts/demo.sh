@@ -19,7 +19,7 @@ limit=(--max-tasks "$TASKS")
   --out out/agent
 if [ -f "$TRACES" ]; then
   .venv/bin/agentspec bench --backend replay --traces "$TRACES" --sessions 20 \
-    --methods plain,ngram,suffix,suffix-cold,full --json out/bench.json --plot out/bench.png
+    --methods plain,ngram,suffix,suffix-cold,full,full-cold --json out/bench.json --plot out/bench.png
 else
   echo "[demo] no trace file at $TRACES: skipping the replay bench (set TRACES=...)"
 fi

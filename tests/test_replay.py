@@ -6,7 +6,8 @@ import pytest
 from agentspec.replay import replay
 from agentspec.bench import BenchSetup, make_drafter, run_replay_bench
 from agentspec.drafter import FILE, PROMPT, TOOL, Plain
-from agentspec.policy import output_lead
+from agentspec.kmax import profile_kmax
+from agentspec.policy import ladder, output_lead
 from agentspec.tokens import CHATML, PLAIN, ChatTokenizer, chat_format, tokenize_sessions
 from agentspec.trace import parse_session
 from conftest import CHATML as CHATML_TEMPLATE
@@ -142,7 +143,8 @@ def test_overhead_is_propose_and_observe_and_calls_are_apart(tok):
 def test_report_follows_bench_schema(tok):
     sessions = tokenized(tok, 2)
     seed = [sessions[0].calls[0].output]
-    res = run_replay_bench(sessions, ["plain", "ngram", "suffix", "suffix-cold", "full"],
+    res = run_replay_bench(sessions, ["plain", "ngram", "suffix", "suffix-cold", "full",
+                                      "full-cold"],
                            model="tiny", traces=["x.jsonl"], setup=BenchSetup(global_seed=seed))
     r = res.report
     assert r["format"] == "agentspec.bench/1" and r["backend"] == "replay"
@@ -157,7 +159,8 @@ def test_report_follows_bench_schema(tok):
     assert r["methods"]["plain"]["al"] == 1.0
     # every method that can use past outputs was given the same ones, and the report says so
     given = {name: m["knowledge"]["global_seed_outputs"] for name, m in r["methods"].items()}
-    assert given == {"plain": 0, "ngram": 0, "suffix": 1, "suffix-cold": 0, "full": 1}
+    assert given == {"plain": 0, "ngram": 0, "suffix": 1, "suffix-cold": 0, "full": 1,
+                     "full-cold": 0}
     # the second call repeats the first output: the suffix tree of past responses hits
     assert r["methods"]["suffix"]["al"] > 1.5
 
@@ -184,5 +187,25 @@ def test_policies_serve_the_profiling_split(tok):
     r = run_replay_bench(measured, ["suffix", "full"], model="tiny", traces=["x.jsonl"],
                          setup=BenchSetup(global_seed=seed, served=held)).report
     assert {name: m["knowledge"] for name, m in r["methods"].items()} == {
-        "suffix": {"global_seed_outputs": len(seed), "served_sessions": 0},
-        "full": {"global_seed_outputs": len(seed), "served_sessions": 2}}
+        "suffix": {"global_seed_outputs": len(seed), "served_sessions": 0, "kmax_profile": False},
+        "full": {"global_seed_outputs": len(seed), "served_sessions": 2, "kmax_profile": False}}
+
+
+def test_full_cold_takes_none_of_what_the_warm_methods_are_given(tok):
+    """`full-cold` is `full` on a machine that has served nothing: offered past outputs,
+    sessions to serve and a Kmax profile, it takes none of them (it drafts as `full` given
+    nothing), keeps what describes the machine (its price), and its report says so."""
+    held, measured = tokenized(tok, 3)[:2], tokenized(tok, 3)[2:]
+    seed = [c.output for s in held for c in s.calls]
+    kmax = profile_kmax(held, 0.3, ladder()["global"])
+    offered = BenchSetup(global_seed=seed, served=held, kmax=kmax, lam=0.3)
+    cold, bare = make_drafter("full-cold", offered), make_drafter("full", BenchSetup(lam=0.3))
+    assert (cold.name, cold.config.lam) == ("full-cold", 0.3)
+    ran = [replay(measured, d).total for d in (cold, bare, make_drafter("full", offered))]
+    assert ran[0] == ran[1] != ran[2]
+    r = run_replay_bench(measured, ["suffix-cold", "full", "full-cold"], model="tiny",
+                         traces=["x.jsonl"], setup=offered).report
+    assert {name: m["knowledge"] for name, m in r["methods"].items()} == {
+        "suffix-cold": {"global_seed_outputs": 0, "served_sessions": 0, "kmax_profile": False},
+        "full": {"global_seed_outputs": len(seed), "served_sessions": 2, "kmax_profile": True},
+        "full-cold": {"global_seed_outputs": 0, "served_sessions": 0, "kmax_profile": False}}

@@ -333,7 +333,7 @@ def test_the_rung_and_its_setup_come_from_the_environment(tmp_path, monkeypatch)
     monkeypatch.setenv("AGENTSPEC_VLLM_METHOD", "session")
     assert _proposer().policy.name == "session"
     monkeypatch.setenv("AGENTSPEC_VLLM_METHOD", "nope")
-    with pytest.raises(ValueError, match="'nope' is not a ladder rung"):
+    with pytest.raises(ValueError, match="'nope' is not an agentspec policy"):
         _proposer()
     monkeypatch.setenv("AGENTSPEC_VLLM_METHOD", "full")
     setup = tmp_path / "setup.json"
