@@ -27,9 +27,8 @@ OUTPUTS_FORMAT = "agentspec.outputs/1"  # what a real backend's plain run wrote,
 
 
 BASELINES = ("plain", "ngram", "suffix", "suffix-cold")
-# policies run as on a machine that has served nothing yet, beside `suffix-cold`: no past
-# outputs, no served sessions, no Kmax profile (the acceptance model starts from its
-# defaults); what describes the machine (lambda, the cost profile) they keep
+# policies as a machine that has served nothing runs them (BenchSetup.cold), beside
+# `suffix-cold`: their acceptance model starts from its defaults
 COLD_POLICIES = {"full-cold": "full"}
 
 
@@ -59,6 +58,12 @@ class BenchSetup:
         return self.profile.draft_costs(b, max_k) if self.profile else linear_costs(
             self.lam_at(b), max_k)
 
+    def cold(self) -> BenchSetup:
+        """What a machine that has served nothing knows: this setup's tokenizer and prices,
+        without what past sessions taught (their outputs, serving them, a Kmax profile)."""
+        return BenchSetup(tokenizer=self.tokenizer, lam=self.lam, profile=self.profile,
+                          token_bytes=self.token_bytes)
+
 
 def policy_names() -> list[str]:
     """The methods that are an agentspec policy: the ladder's rungs and the cold ones."""
@@ -82,9 +87,8 @@ def make_drafter(name: str, setup: BenchSetup) -> Drafter:
         seed = setup.global_seed if name == "suffix" else ()
         return SuffixDrafter(global_seed=seed, name=name)
     rung = COLD_POLICIES.get(name, name)
-    if rung != name:
-        setup = BenchSetup(tokenizer=setup.tokenizer, lam=setup.lam, profile=setup.profile,
-                           token_bytes=setup.token_bytes)
+    if name in COLD_POLICIES:
+        setup = setup.cold()
     tok = setup.tokenizer
     policy = Policy(replace(ladder(setup.lam_at(1))[rung], name=name),
                     encode=tok.encode if tok else None,
