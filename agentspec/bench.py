@@ -27,9 +27,10 @@ OUTPUTS_FORMAT = "agentspec.outputs/1"  # what a real backend's plain run wrote,
 
 
 BASELINES = ("plain", "ngram", "suffix", "suffix-cold")
-# policies as a machine that has served nothing runs them (BenchSetup.cold), beside
-# `suffix-cold`: their acceptance model starts from its defaults
-COLD_POLICIES = {"full-cold": "full"}
+# methods as a machine that has served nothing runs them (BenchSetup.cold), by the method
+# each is the cold one of: suffix's tree starts empty, full's acceptance model from its
+# defaults
+COLD = {"suffix-cold": "suffix", "full-cold": "full"}
 
 
 @dataclass
@@ -67,7 +68,7 @@ class BenchSetup:
 
 def policy_names() -> list[str]:
     """The methods that are an agentspec policy: the ladder's rungs and the cold ones."""
-    return [*ladder(), *COLD_POLICIES]
+    return [*ladder(), *(name for name in COLD if name not in BASELINES)]
 
 
 def method_names() -> list[str]:
@@ -75,22 +76,21 @@ def method_names() -> list[str]:
 
 
 def make_drafter(name: str, setup: BenchSetup) -> Drafter:
-    if name == "plain":
+    method = name
+    if name in COLD:
+        method, setup = COLD[name], setup.cold()
+    if method == "plain":
         return Plain()
-    if name == "ngram":
+    if method == "ngram":
         from agentspec.baselines import NgramDrafter
 
         return NgramDrafter()
-    if name in ("suffix", "suffix-cold"):
+    if method == "suffix":
         from agentspec.baselines import SuffixDrafter
 
-        seed = setup.global_seed if name == "suffix" else ()
-        return SuffixDrafter(global_seed=seed, name=name)
-    rung = COLD_POLICIES.get(name, name)
-    if name in COLD_POLICIES:
-        setup = setup.cold()
+        return SuffixDrafter(global_seed=setup.global_seed, name=name)
     tok = setup.tokenizer
-    policy = Policy(replace(ladder(setup.lam_at(1))[rung], name=name),
+    policy = Policy(replace(ladder(setup.lam_at(1))[method], name=name),
                     encode=tok.encode if tok else None,
                     token_bytes=setup.token_bytes,
                     kmax=setup.kmax, draft_costs=setup.draft_costs, lam_at=setup.lam_at,

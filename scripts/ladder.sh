@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The method ladder on both recorded trace files, at batch 1 (lambda 0.2) and batch 16
 # (lambda 0.5), with the baselines and full warm (the past outputs every method gets) and cold
-# (suffix-cold, full-cold: given nothing), and full with each of its newer mechanisms switched off; then the copy bound of each trace
-# (what no copying drafter can beat, on the same sessions) and what its frequency source could
-# draft; and at batch 1, the baselines and full planned for cheaper drafts (lambda 0.1 and
-# 0.02: what profile-lambda measures for engines at batch 1, from MLX on a CPU to a GPU).
+# (suffix-cold, full-cold: given nothing), and full with each of its newer mechanisms switched
+# off; then the copy bound of each trace (what no copying drafter can beat, on the same
+# sessions) and what its frequency source could draft; and at batch 1, the baselines and full
+# planned for cheaper drafts (lambda 0.1 and 0.02: what profile-lambda measures for engines at
+# batch 1, from MLX on a CPU to a GPU).
 # Reports land in results/ladder/ (OUT=... elsewhere: e.g. a held-out split,
 # SEED=11 SESSIONS=24 OUT=results/ladder-seed11 bash scripts/ladder.sh).
 set -euo pipefail
