@@ -7,7 +7,10 @@ bench has it), records where in each output every step starts, what it drafted a
 accepted, and lines the two methods' steps up by the output position they start at. It says:
 - at positions where `full` sends a draft, and where it sends nothing: the draft tokens each
   method had accepted there, a step;
-- where `full` sends nothing: how many tokens the baseline's drafts took (0, 1, 2 or more);
+- where `full` sends nothing: how many tokens the baseline's drafts took (0, 1, 2 or more),
+  and how many `full`'s own candidates would have had accepted, each cut to the length the
+  baseline sent there: whether its candidates there are worse than the baseline's drafts,
+  or only priced out;
 - `full`'s candidates at the steps it sent nothing: the first-token probability its acceptance
   model gave them, by band, against how often that first token was the one written. Calibrated
   bands under the plan's price are drafts that would not have paid: a higher AL from them would
@@ -64,6 +67,10 @@ class Recorder:
     def __init__(self, inner):
         self.inner = inner
         self.steps: dict[tuple[str, int], tuple[int, int]] = {}
+        self.drafts: dict[tuple[str, int], list[int]] = {}  # each step's draft sent
+        # of a `full` policy, at each step it drafted nothing: its candidates' tokens
+        self.silent_candidates: dict[tuple[str, int], list[list[int]]] = {}
+        self.outputs: dict[str, list[int]] = {}  # each finished request's whole output
         self.passed_over: list[tuple[float, bool]] = []
         self._start: dict[str, int] = {}
         # per request, full's steps not yet set against the whole output: (where the step
@@ -80,7 +87,10 @@ class Recorder:
     def propose(self, batch, padded=False):
         for r in batch:
             self._start[r.id] = len(r.output)
-        return self.inner.propose(batch, padded)
+        drafts = self.inner.propose(batch, padded)
+        for r, draft in zip(batch, drafts):
+            self.drafts[(r.id, self._start[r.id])] = list(draft)
+        return drafts
 
     def observe(self, request, drafted, accepted):
         at = self._start[request.id]
@@ -89,6 +99,8 @@ class Recorder:
         if isinstance(policy, Policy) and isinstance(policy.config.length, CostAware):
             run = policy.running[request.id]
             if not drafted:
+                self.silent_candidates[(request.id, at)] = [list(c.tokens)
+                                                            for c in run.candidates]
                 written = request.output[at]  # the target's token at the step's first position
                 for c in run.candidates:
                     p = policy.acceptance.accept_probs(request.role, c.m, c.rows, 1, c.ids)[0]
@@ -104,6 +116,7 @@ class Recorder:
 
     def finish(self, request):
         output = request.output
+        self.outputs[request.id] = list(output)
         for at, n, accepted, candidates in self._open.pop(request.id, []):
             went_on = [(accepted_prefix(tokens, output[at:]), reach, frequency)
                        for tokens, reach, frequency in candidates]
@@ -155,6 +168,10 @@ def compare(full: Recorder, base: Recorder) -> dict:
         return float(np.mean([rec.steps[k][1] for k in keys])) if keys else 0.0
 
     took = np.array([base.steps[k][1] for k in silent], dtype=int)
+    # full's candidates cut to the length the baseline sent there: had the tokens been sent
+    # as the baseline sent its own, how many would have been accepted
+    cut = sum(max((accepted_prefix(c[: len(base.drafts[k])], full.outputs[k[0]][k[1]:])
+                   for c in full.silent_candidates[k]), default=0) for k in silent)
     return {
         "aligned_positions": len(common),
         "full_drafts": {"steps": len(sends), "full_accepted_per_step": accepted(full, sends),
@@ -162,7 +179,9 @@ def compare(full: Recorder, base: Recorder) -> dict:
         "full_sends_nothing": {
             "steps": len(silent), "base_accepted_per_step": accepted(base, silent),
             "base_took": {"0": int((took == 0).sum()), "1": int((took == 1).sum()),
-                          "2+": int((took >= 2).sum())}},
+                          "2+": int((took >= 2).sum())},
+            "base_sent": sum(len(base.drafts[k]) for k in silent),
+            "base_accepted": int(took.sum()), "full_candidates_at_base_length": cut},
         "passed_over_calibration": by_band(full.passed_over, "first_token_right"),
         "hindsight": full.hindsight,
         "sent_reach": {f"{kind}/{where}": by_band(pairs, "reached")
@@ -231,6 +250,9 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"full sends nothing at {s['steps']}: {args.base} accepted "
           f"{s['base_accepted_per_step']:.3f} a step (took 0 / 1 / 2+ tokens: "
           f"{s['base_took']['0']} / {s['base_took']['1']} / {s['base_took']['2+']})")
+    print(f"  there {args.base} sent {s['base_sent']} draft tokens and had {s['base_accepted']}"
+          f" accepted; full's candidates, cut to the same lengths, would have had "
+          f"{s['full_candidates_at_base_length']}")
     print("full's candidates there, by predicted first-token probability:")
     for b in report["passed_over_calibration"]:
         print(f"  [{b['band'][0]:.1f}, {b['band'][1]:.1f}]: {b['candidates']:6d} candidates, "

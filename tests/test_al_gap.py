@@ -38,6 +38,9 @@ def test_the_aligned_steps_add_up(gap, trace, tiny_model_dir, tmp_path, capsys):
     drafts, silent = report["full_drafts"], report["full_sends_nothing"]
     assert report["aligned_positions"] == drafts["steps"] + silent["steps"] > 0
     assert sum(silent["base_took"].values()) == silent["steps"]
+    assert silent["base_sent"] >= silent["base_accepted"] >= silent["base_took"]["1"] \
+        + 2 * silent["base_took"]["2+"]
+    assert silent["full_candidates_at_base_length"] <= silent["base_sent"]
     for band in report["passed_over_calibration"]:
         lo, hi = band["band"]
         assert lo <= band["predicted"] <= hi and 0.0 <= band["first_token_right"] <= 1.0
@@ -95,6 +98,19 @@ def test_where_no_draft_pays_every_candidate_is_passed_over(gap, trace, tiny_mod
                        "--lambda", "5"])
     assert report["full_drafts"]["steps"] == 0
     assert sum(b["candidates"] for b in report["passed_over_calibration"]) > 0
+
+
+def test_silent_candidates_are_cut_to_the_length_the_baseline_sent(gap):
+    # one step where full sent nothing and the baseline sent 3 tokens, one accepted: full's
+    # candidates cut to 3 tokens would have had 2 accepted (the better of the two)
+    full, base = gap.Recorder(None), gap.Recorder(None)
+    full.steps[("r", 4)], base.steps[("r", 4)] = (0, 0), (3, 1)
+    base.drafts[("r", 4)] = [5, 9, 9]
+    full.silent_candidates[("r", 4)] = [[5, 6, 7, 8], [5, 9]]
+    full.outputs["r"] = [1, 2, 3, 4, 5, 6, 8, 8]
+    silent = gap.compare(full, base)["full_sends_nothing"]
+    assert (silent["steps"], silent["base_sent"], silent["base_accepted"]) == (1, 3, 1)
+    assert silent["full_candidates_at_base_length"] == 2
 
 
 def test_the_frontier_plans_full_cheaper_and_prices_it_the_same(gap, trace, tiny_model_dir,
