@@ -17,7 +17,7 @@ from agentspec.controller import KmaxTable
 from agentspec.costs import CostProfile, linear_costs
 from agentspec.drafter import Drafter, Plain
 from agentspec.metrics import DEFAULT_LAMBDAS, Meter
-from agentspec.policy import Policy, ladder
+from agentspec.policy import Alpha, CostAware, Policy, PolicyConfig, ladder
 from agentspec.tokens import ChatTokenizer, TokenizedSession
 
 DEFAULT_LAMBDA = 0.2  # what methods plan with when neither --lambda nor a cost profile says
@@ -89,14 +89,29 @@ def make_drafter(name: str, setup: BenchSetup) -> Drafter:
         from agentspec.baselines import SuffixDrafter
 
         return SuffixDrafter(global_seed=setup.global_seed, name=name)
-    tok = setup.tokenizer
-    policy = Policy(replace(ladder(setup.lam_at(1))[method], name=name),
-                    encode=tok.encode if tok else None,
+    tok, config = setup.tokenizer, replace(ladder(setup.lam_at(1))[method], name=name)
+    policy = Policy(config, encode=tok.encode if tok else None,
                     token_bytes=setup.token_bytes,
-                    kmax=setup.kmax, draft_costs=setup.draft_costs, lam_at=setup.lam_at,
+                    kmax=setup.kmax if takes_kmax(config, setup) else None,
+                    draft_costs=setup.draft_costs, lam_at=setup.lam_at,
                     global_seed=() if setup.served else setup.global_seed)
     policy.serve_recorded(setup.served)
     return policy
+
+
+def takes_kmax(config: PolicyConfig, setup: BenchSetup) -> bool:
+    """Whether a policy is given the Kmax profile: AgSpec's controller caps its drafts by it,
+    and a cost-aware policy's acceptance model starts from it, except where the policy serves
+    the profiling split, whose steps teach it what a profile of those same sessions would
+    (and a Kmax profile is the one thing `suffix` has no place for)."""
+    return isinstance(config.length, Alpha) or (isinstance(config.length, CostAware)
+                                                 and not setup.served)
+
+
+def needs_kmax(names: Sequence[str], setup: BenchSetup) -> bool:
+    """Whether any of these methods is given the Kmax profile (see takes_kmax)."""
+    rungs = ladder()
+    return any(takes_kmax(rungs[name], setup) for name in names if name in rungs)
 
 
 def knowledge(drafter: Drafter) -> dict:

@@ -83,7 +83,9 @@ def bench(
                                         "vllm measures this machine's profile on first "
                                         "use)."),
     kmax: Optional[Path] = typer.Option(None, help="Kmax table from `agentspec profile-kmax` "
-                                        "(default: profiled on the held-out task split)."),
+                                        "for agspec's caps, and full's acceptance prior "
+                                        "where it serves no profiling split (default: "
+                                        "profiled on the held-out task split)."),
     structure: Optional[str] = typer.Option(None, help="JSON [[open, close], ...] for "
                                             "sessions whose trace has no meta.structure."),
     profile_sessions: int = typer.Option(60, min=0, help="Sessions of the profiling split "
@@ -162,8 +164,8 @@ def load_bench(backend: str, traces: list[Path], *, sessions, seed, methods, bat
                urls, outputs, save_outputs) -> BenchRun:
     """Check the options, read and split the traces, tokenize, profile Kmax: a BenchRun."""
     from agentspec.models import resolve
-    from agentspec.bench import (BenchError, BenchSetup, parse_batches, parse_methods,
-                                 pick_sessions, split_by_task, with_outputs)
+    from agentspec.bench import (BenchError, BenchSetup, needs_kmax, parse_batches,
+                                 parse_methods, pick_sessions, split_by_task, with_outputs)
     from agentspec.controller import load_kmax
     from agentspec.costs import load_profile
     from agentspec.kmax import profile_kmax
@@ -227,7 +229,7 @@ def load_bench(backend: str, traces: list[Path], *, sessions, seed, methods, bat
     setup = BenchSetup(tokenizer=tok, profile=profile, token_bytes=token_bytes(tok.tokenizer),
                        lam=lam, global_seed=[c.output for s in held_tok for c in s.calls],
                        served=held_tok if backend == "replay" and not outputs else [])
-    if table is None and held_tok and {"agspec", "full"} & set(names) and backend != "http":
+    if table is None and held_tok and needs_kmax(names, setup) and backend != "http":
         with console.status(f"profiling Kmax on {len(held_tok)} held-out sessions"):
             # G starts empty here: seeded with these very sessions it would leak them
             table = profile_kmax(held_tok, setup.lam_at(sizes[0]), ladder()["global"],

@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """Where two methods' AL differ on a trace: their steps side by side, and what `full` passed over.
 
-On the sessions `agentspec bench --backend replay` measures (the same task split, seed, sample,
-Kmax profile and past outputs), it replays `full` and a baseline (default `suffix`, warm as the
+On the sessions `agentspec bench --backend replay` measures (the same task split, seed, sample
+and past outputs), it replays `full` and a baseline (default `suffix`, warm as the
 bench has it), records where in each output every step starts, what it drafted and what was
 accepted, and lines the two methods' steps up by the output position they start at. It says:
 - at positions where `full` sends a draft, and where it sends nothing: the draft tokens each
@@ -204,7 +204,7 @@ def frontier(run, base: Meter, full: Meter, plans: list[float], batch: int, lam:
 
     rows = [row(base, None), row(full, lam)]
     for plan in plans:
-        # only the plan's price moves: the Kmax prior and the past outputs stay the run's
+        # only the plan's price moves: the past outputs and the served split stay the run's
         setup = dataclasses.replace(run.setup, lam=plan)
         rows.append(row(replay(run.tokenized, make_drafter("full", setup), batch=batch), plan))
     for r in rows[1:]:

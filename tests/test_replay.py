@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from agentspec.replay import replay
-from agentspec.bench import BenchSetup, make_drafter, run_replay_bench
+from agentspec.bench import BenchSetup, make_drafter, needs_kmax, run_replay_bench
 from agentspec.drafter import FILE, PROMPT, TOOL, Plain
 from agentspec.kmax import profile_kmax
 from agentspec.policy import ladder, output_lead
@@ -207,5 +207,28 @@ def test_full_cold_takes_none_of_what_the_warm_methods_are_given(tok):
                          traces=["x.jsonl"], setup=offered).report
     assert {name: m["knowledge"] for name, m in r["methods"].items()} == {
         "suffix-cold": {"global_seed_outputs": 0, "served_sessions": 0, "kmax_profile": False},
-        "full": {"global_seed_outputs": len(seed), "served_sessions": 2, "kmax_profile": True},
+        "full": {"global_seed_outputs": len(seed), "served_sessions": 2, "kmax_profile": False},
         "full-cold": {"global_seed_outputs": 0, "served_sessions": 0, "kmax_profile": False}}
+
+
+def test_a_policy_that_serves_the_profiling_split_is_given_no_kmax_profile(tok):
+    """Serving the profiling split teaches `full`'s acceptance model what a Kmax profile of
+    the same sessions would start it from: served, `full` is not given the profile (it
+    drafts as without one); seeded only (a real backend, where past outputs are another
+    model's), it is. AgSpec's controller caps its drafts by the profile: it is given it
+    either way, and a rung that reads neither is given it nowhere."""
+    held, measured = tokenized(tok, 3)[:2], tokenized(tok, 3)[2:]
+    seed = [c.output for s in held for c in s.calls]
+    kmax = profile_kmax(held, 0.3, ladder()["global"])
+    served = BenchSetup(global_seed=seed, served=held, kmax=kmax, lam=0.3)
+    seeded = BenchSetup(global_seed=seed, kmax=kmax, lam=0.3)
+    given = [make_drafter(name, setup).kmax_profile for name, setup in
+             [("full", served), ("full", seeded), ("agspec", served), ("global", seeded)]]
+    assert given == [False, True, True, False]
+    without = BenchSetup(global_seed=seed, served=held, lam=0.3)
+    assert replay(measured, make_drafter("full", served)).total == \
+        replay(measured, make_drafter("full", without)).total
+    # the bench profiles Kmax only where a method is given the profile
+    assert [needs_kmax(names, setup) for names, setup in
+            [(["suffix", "full"], served), (["full"], seeded), (["agspec"], served),
+             (["full-cold", "global"], seeded)]] == [False, True, True, False]
