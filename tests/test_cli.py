@@ -28,6 +28,7 @@ def test_bench_writes_the_report_and_plot(tmp_path, trace, tiny_model_dir):
     assert given["full"]["served_sessions"] == report["profile_sessions"]
     assert given["suffix"]["served_sessions"] == 0
     assert given["full"]["global_seed_outputs"] == given["suffix"]["global_seed_outputs"] > 0
+    assert given["full"]["kmax_profile"] is given["suffix"]["kmax_profile"] is False
     assert (tmp_path / "r.png").stat().st_size > 1000
     # no live progress bar outside a terminal: a line as each method finishes
     for method in report["methods"]:
