@@ -6,9 +6,10 @@ import json
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import List, Optional
+from typing import Callable, Iterator, List, Optional
 
 import typer
 from rich.console import Console
@@ -44,9 +45,30 @@ def fail(message: str) -> None:
     raise typer.Exit(2)
 
 
-def _progress() -> Progress:
-    return Progress(TextColumn("{task.description:>12}"), BarColumn(), MofNCompleteColumn(),
-                    TextColumn("tokens"), TimeElapsedColumn(), console=console, transient=False)
+@contextmanager
+def _method_progress(unit: str, total: int) -> Iterator[Callable[..., None]]:
+    """A bar per bench method, advanced by `tick(method, k=1)` (k of `total` units); in a log,
+    where no bar is live, a line as each method finishes (a vLLM or MLX run is minutes a
+    method)."""
+    with Progress(TextColumn("{task.description:>12}"), BarColumn(), MofNCompleteColumn(),
+                  TextColumn(unit), TimeElapsedColumn(), console=console) as bar:
+        tasks: dict[str, int] = {}
+
+        def tick(method: str, k: int = 1) -> None:
+            if method not in tasks:
+                tasks[method] = bar.add_task(method, total=total)
+            bar.advance(tasks[method], k)
+            task = bar.tasks[tasks[method]]
+            if k and task.finished and not console.is_terminal:
+                console.print(f"[bench] {method}: {total} {unit}, done in {task.elapsed:.0f} s",
+                              markup=False, highlight=False)
+
+        yield tick
+
+
+def _calls(run: BenchRun) -> int:
+    """The calls a real backend generates, at every batch size."""
+    return sum(1 for s in run.tokenized for c in s.calls if c.output) * len(run.sizes)
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": False})
@@ -245,18 +267,7 @@ def _bench_replay(run: BenchRun, *, json_out, plot_out, **_) -> None:
     from agentspec.bench import run_replay_bench
 
     total = sum(s.output_tokens for s in run.tokenized)
-    with _progress() as bar:
-        tasks = {}
-
-        def tick(method: str, k: int) -> None:
-            if method not in tasks:
-                tasks[method] = bar.add_task(method, total=total)
-            bar.advance(tasks[method], k)
-            task = bar.tasks[tasks[method]]
-            if k and task.finished and not console.is_terminal:  # no live bar in a log: a line
-                console.print(f"[bench] {method}: {total} tokens replayed, done in "
-                              f"{task.elapsed:.0f} s", markup=False, highlight=False)
-
+    with _method_progress("tokens", total) as tick:
         result = run_replay_bench(run.tokenized, run.names, batch=run.sizes[0],
                                   model=run.setup.tokenizer.name,
                                   traces=[str(t) for t in run.traces], setup=run.setup,
@@ -267,14 +278,17 @@ def _bench_replay(run: BenchRun, *, json_out, plot_out, **_) -> None:
 def _bench_mlx(run: BenchRun, *, json_out, plot_out, max_tokens, max_prompt_tokens,
                save_outputs, **_) -> None:
     from agentspec.backends.mlx import MLXError
-    from agentspec.backends.mlx_bench import run_cli
+    from agentspec.backends.mlx_bench import load_engine, run_mlx_bench
     from agentspec.bench import measured_table
 
     try:
-        result = run_cli(run.tokenized, run.names, run.setup, console=console,
-                         model=run.model, dtype=run.dtype, max_tokens=max_tokens,
-                         max_prompt_tokens=max_prompt_tokens,
-                         traces=[str(t) for t in run.traces])
+        eng = load_engine(run.model, run.dtype, console)
+        with _method_progress("calls", _calls(run)) as tick:
+            result = run_mlx_bench(run.tokenized, run.names, setup=run.setup, model=run.model,
+                                   dtype=run.dtype, max_tokens=max_tokens,
+                                   max_prompt_tokens=max_prompt_tokens,
+                                   traces=[str(t) for t in run.traces], eng=eng,
+                                   progress=lambda method, _tokens: tick(method))
     except (MLXError, *_user_errors()) as e:
         fail(str(e))
     _emit(result.report, json_out, plot_out, measured_table(result.report), sample=run.sample)
@@ -287,10 +301,11 @@ def _bench_vllm(run: BenchRun, *, json_out, plot_out, max_tokens, max_prompt_tok
     from agentspec.bench import measured_table
 
     try:
-        results = run_vllm(run.tokenized, run.names, run.setup, model=run.model, dtype=run.dtype,
-                           batches=run.sizes, max_tokens=max_tokens,
-                           max_prompt_tokens=max_prompt_tokens,
-                           traces=[str(t) for t in run.traces], console=console)
+        with _method_progress("calls", _calls(run)) as tick:
+            results = run_vllm(run.tokenized, run.names, run.setup, model=run.model,
+                               dtype=run.dtype, batches=run.sizes, max_tokens=max_tokens,
+                               max_prompt_tokens=max_prompt_tokens,
+                               traces=[str(t) for t in run.traces], progress=tick)
     except _user_errors() as e:
         fail(str(e))
 
@@ -316,15 +331,7 @@ def _bench_http(run: BenchRun, *, json_out, plot_out, max_tokens, max_prompt_tok
     from agentspec.bench import write_json
 
     tok = run.setup.tokenizer
-    n_calls = sum(1 for s in run.tokenized for c in s.calls if c.output)
-    with _progress() as bar:
-        tasks = {}
-
-        def tick(name: str) -> None:
-            if name not in tasks:
-                tasks[name] = bar.add_task(name, total=n_calls * len(run.sizes))
-            bar.advance(tasks[name], 1)
-
+    with _method_progress("calls", _calls(run)) as tick:
         try:
             reports = run_http_bench(run.tokenized, url=url, plain_url=plain_url,
                                      batches=run.sizes, max_tokens=max_tokens,

@@ -124,13 +124,9 @@ def generate_call(eng: "engine.Engine", runs: Sequence[MethodRun], prompt: list[
     return prefill_s
 
 
-def run_cli(tokenized: Sequence[TokenizedSession], names: Sequence[str], setup: BenchSetup, *,
-            model: str | None, dtype: str, max_tokens: int, max_prompt_tokens: int | None,
-            traces: Sequence[str], console) -> BenchResult:
-    """The mlx branch of `agentspec bench`: load, generate with a progress bar, report."""
-    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
-                               TimeElapsedColumn)
-
+def load_engine(model: str | None, dtype: str, console) -> "engine.Engine":
+    """The engine `agentspec bench --backend mlx` generates with, loaded while `console`
+    says so, with a line on what slows this machine's run (no OpenBLAS, no cache plan)."""
     if engine.BLAS is None and sys.platform == "linux":
         console.print("[yellow]note:[/] OpenBLAS not loaded: float32 matmuls use MLX's "
                       "reference BLAS (install libopenblas0-pthread: scripts/setup.sh)")
@@ -138,16 +134,4 @@ def run_cli(tokenized: Sequence[TokenizedSession], names: Sequence[str], setup: 
         eng = engine.load(model, dtype)
     if eng.plan.mode == "none" or eng.plan.reason:
         console.print(f"[yellow]warning:[/] {eng.plan.reason}", highlight=False)
-    n_calls = sum(1 for s in tokenized for c in s.calls if c.output)
-    with Progress(TextColumn("{task.description:>12}"), BarColumn(), MofNCompleteColumn(),
-                  TextColumn("calls"), TimeElapsedColumn(), console=console) as bar:
-        tasks: dict[str, int] = {}
-
-        def tick(method: str, _tokens: int) -> None:
-            if method not in tasks:
-                tasks[method] = bar.add_task(method, total=n_calls)
-            bar.advance(tasks[method], 1)
-
-        return run_mlx_bench(tokenized, names, setup=setup, model=model, dtype=dtype,
-                             max_tokens=max_tokens, max_prompt_tokens=max_prompt_tokens,
-                             traces=traces, eng=eng, progress=tick)
+    return eng

@@ -225,24 +225,17 @@ def measured_run(name: str, run: dict, roles: dict[str, str], batch: int) -> Mea
 
 def run_cli(tokenized: Sequence[TokenizedSession], names: Sequence[str], setup: BenchSetup, *,
             model: str | None, dtype: str | None, batches: Sequence[int], max_tokens: int,
-            max_prompt_tokens: int | None, traces: Sequence[str], console) -> list[BenchResult]:
-    """The vllm branch of `agentspec bench`: one engine per method, with a progress bar."""
-    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
-                               TimeElapsedColumn)
-
+            max_prompt_tokens: int | None, traces: Sequence[str],
+            progress: Callable[[str, int], None]) -> list[BenchResult]:
+    """The vllm branch of `agentspec bench` (`progress(method, 1)` as each call ends)."""
     from agentspec.models import resolve
 
     path = resolve(model)
-    n_calls = sum(1 for s in tokenized for c in s.calls if c.output) * len(batches)
-    with Progress(TextColumn("{task.description:>12}"), BarColumn(), MofNCompleteColumn(),
-                  TextColumn("calls"), TimeElapsedColumn(), console=console) as bar:
-        tasks = {name: bar.add_task(name, total=n_calls)
-                 for name in dict.fromkeys(["plain", *names])}
-        return run_vllm_bench(tokenized, names, setup=setup, model=path,
-                              model_name=setup.tokenizer.name if setup.tokenizer else path.name,
-                              dtype=dtype, batches=batches, max_tokens=max_tokens,
-                              max_prompt_tokens=max_prompt_tokens, traces=traces,
-                              progress=lambda name, k: bar.advance(tasks[name], k))
+    return run_vllm_bench(tokenized, names, setup=setup, model=path,
+                          model_name=setup.tokenizer.name if setup.tokenizer else path.name,
+                          dtype=dtype, batches=batches, max_tokens=max_tokens,
+                          max_prompt_tokens=max_prompt_tokens, traces=traces,
+                          progress=progress)
 
 
 # --- the worker's side (vLLM's Python) ---------------------------------------------------

@@ -359,6 +359,8 @@ def test_cli_profile_lambda_then_bench_uses_the_cached_profile(tmp_path, model_f
                             str(tmp_path / "r.json"), "--save-outputs",
                             str(tmp_path / "served.json")])
     assert r.exit_code == 0, r.output
+    for name in ("plain", "suffix", "full"):  # in a log, a line as each method ends
+        assert f"[bench] {name}: 4 calls, done in " in r.output
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["backend"] == "mlx" and report["calls"] == 4
     for name, m in report["methods"].items():

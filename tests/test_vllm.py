@@ -449,6 +449,9 @@ def test_vllm_bench_is_lossless_and_copies(tmp_path, monkeypatch):
                                  "1,2", "--max-tokens", "32", "--json", str(tmp_path / "r.json"),
                                  "--save-outputs", str(tmp_path / "served.json")])
     assert r.exit_code == 0, r.output
+    # a run of minutes a method says in a log as each method ends (4 calls at 2 sizes)
+    for name in ("plain", "ngram", "full"):
+        assert f"[bench] {name}: 8 calls, done in " in r.output
     for b in (1, 2):
         report = json.loads((tmp_path / f"r.b{b}.json").read_text())
         served = json.loads((tmp_path / f"served.b{b}.json").read_text())
