@@ -25,9 +25,10 @@ def plan_request(s_runs, s_tail_keys, s_tail_pos, s_tail_len, s_head, s_prev, s_
                  kind_tables, token_classes, t, h, kt, kh, pt, ph, bin_of, width, pad,
                  kind_shift, weight, bias, bits, with_ids, costs, look_context, first,
                  candidates, look_k, a, b, copy_kinds, repeat, copy_m, copy_rows, copy_ids,
-                 rate, ratios, slots, gain, extensions, ids, rows):
+                 agreeing, rate, ratios, slots, gain, extensions, ids, rows):
     """CostAware.drafts for one request: the copy (copy_m: its context length, 0: none;
-    copy_rows, copy_ids as its Candidate holds them) and the frequency path after `context`
+    copy_rows as its Candidate holds them, copy_ids the token before it and its tokens,
+    read for offsets with `with_ids`) and the frequency path after `context`
     (`frequent_candidate`, the token before it in ids[0], its kinds by extension depth in
     kind_tables), each planned (`best_length`) at `rate` times a sent ratio, ratios[slots[i]]
     (policy._sent_keys: i = 0 for the copy alone, 1 beside a path; then the path's by its
@@ -38,7 +39,9 @@ def plan_request(s_runs, s_tail_keys, s_tail_pos, s_tail_len, s_head, s_prev, s_
     then its tokens) and rows. Returns (sent: -1 none, 0 the copy, 1 the path; its length
     n; its gain; the path's length, 0: none; the path's context length m; the extensions
     in the draft sent; the path's length in the draft sent; the lookup's answer, as
-    `_match_nb.lookup` gives it).
+    `_match_nb.lookup` gives it). With both candidates, each token's row moves by
+    `agreeing` times what the other says of it (`allocator.agreement`; 0: not at all), in
+    copy_rows and rows, before either is planned.
 
     With look_k > 0 the copy is looked up in s here first (`Corpus.match`, from
     `match.copy_lookup`: look_context, first, candidates, look_k, a, b), as the policy's
@@ -54,7 +57,7 @@ def plan_request(s_runs, s_tail_keys, s_tail_pos, s_tail_len, s_head, s_prev, s_
             length = _write_copy(s_buf, looked, b, max_k, repeat, copy_kinds, token_classes,
                                  ids[0], copy_rows, copy_ids)
             copy_rows = copy_rows[:length]
-            copy_ids = copy_ids[: length + 1] if with_ids else _NO_IDS
+    copy_ids = copy_ids[: len(copy_rows) + 1]
     has_copy = copy_m > 0
     # the path's ratios: the second half of slots after the copy's two where it has a rival
     path_slots = slots[2 + (len(slots) - 2) // 2 * has_copy :]
@@ -64,11 +67,14 @@ def plan_request(s_runs, s_tail_keys, s_tail_pos, s_tail_len, s_head, s_prev, s_
         levels, mask, want, max_k, max_context, min_prob, share_edges, evidence_edges, worth,
         found, found_tokens, session_text, kind_tables[0], token_classes, ids[:1], rows[:0],
         ids, rows)
+    if agreeing and has_copy and m:
+        _agree(copy_ids[1:], copy_rows, ids[1 : length + 1], rows[:length], agreeing)
     sent, n, depth, sent_length = -1, 0, 0, 0
     if has_copy and len(copy_rows):
         c_n, c_gain = best_length(t, h, kt, kh, pt, ph, copy_rows, copy_m, len(copy_rows),
                                   bin_of, width, pad, kind_shift, weight, costs,
-                                  rate * ratios[slots[1 if m else 0]], bias, copy_ids, bits)
+                                  rate * ratios[slots[1 if m else 0]], bias,
+                                  copy_ids if with_ids else _NO_IDS, bits)
         if c_gain > gain:
             sent, n, gain = 0, c_n, c_gain
     elif has_copy and 0.0 > gain:  # (an empty copy plans nothing and gains nothing)
@@ -104,6 +110,29 @@ def plan_request(s_runs, s_tail_keys, s_tail_pos, s_tail_len, s_head, s_prev, s_
             break
         n, gain, depth, sent_length = e_n, e_gain, d + 1, length
     return sent, n, gain, length, m, depth, sent_length, looked
+
+
+@njit(cache=True)
+def _agree(a, a_rows, b, b_rows, step):
+    """Rows of two candidates' tokens a and b moved by `step` times what the other says of
+    each token (`allocator.agreement`: 0 alone, 1 agrees, 2 differs)."""
+    n = min(len(a), len(b))
+    parted = n
+    for j in range(n):
+        if a[j] != b[j]:
+            parted = j
+            break
+    _said(a_rows, parted, n, step)
+    _said(b_rows, parted, n, step)
+
+
+@njit(cache=True)
+def _said(rows, parted, n, step):
+    for j in range(len(rows)):
+        if j < parted:
+            rows[j] += step
+        elif parted < n:
+            rows[j] += 2 * step
 
 
 @njit(cache=True)

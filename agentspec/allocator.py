@@ -102,13 +102,15 @@ def spread(counts: np.ndarray) -> np.ndarray:
 
 
 # Beside its kind (where a draft comes from) and copy length, what is known of each draft
-# token's row: what kind of token it is (mid-word, new word, newline, punctuation). A draft
-# token's row is kind * MODIFIERS + token class; a kind spans a power of two of rows, so the
-# kernels find a row's kind by a shift, not a division: the hazard of every draft token
-# reads it.
+# token's row: what kind of token it is (mid-word, new word, newline, punctuation), and
+# whether the step's other candidate says the same (`agreement`). A draft token's row is
+# kind * MODIFIERS + agreement * TOKEN_CLASSES + token class; a kind spans a power of two of
+# rows, so the kernels find a row's kind by a shift, not a division: the hazard of every
+# draft token reads it.
 TOKEN_CLASSES = 4
-KIND_SHIFT = 2
-MODIFIERS = 1 << KIND_SHIFT
+ALONE, AGREES, DIFFERS = 0, 1, 2  # agreement with the other candidate (see `agreement`)
+KIND_SHIFT = 4
+MODIFIERS = 1 << KIND_SHIFT  # (3 agreements x 4 token classes of 16 rows a kind)
 
 Kinds = Union[str, np.ndarray]  # one kind for a whole draft, or each token's row
 
@@ -167,6 +169,22 @@ def token_rows(kinds: int | np.ndarray, tokens: Sequence[int], classes: np.ndarr
     if not len(classes):
         return np.zeros(len(tokens), dtype=np.int64) + kinds
     return kinds + classes.take(tokens, mode="clip")
+
+
+def agreement(tokens: Sequence[int], other: Sequence[int]) -> np.ndarray:
+    """Per draft token, what the step's other candidate says of it: AGREES while the other
+    has the same tokens up to it, DIFFERS from the first token on which they part, ALONE past
+    the other's end (or with no other). A copy and a frequency path that agree are both
+    taken more often than either alone predicts, and each less where they part (SWE-agent,
+    first tokens predicted 0.20-0.28: taken 0.30-0.35 of the time in agreement, 0.14-0.24
+    apart), which no row saw before."""
+    n = min(len(tokens), len(other))
+    parted = next((j for j in range(n) if tokens[j] != other[j]), n)
+    said = np.full(len(tokens), ALONE, dtype=np.int64)
+    said[:parted] = AGREES
+    if parted < n:
+        said[parted:] = DIFFERS
+    return said
 
 
 class AcceptanceModel:

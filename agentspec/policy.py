@@ -43,8 +43,8 @@ from typing import Callable, Sequence
 import numpy as np
 
 from agentspec import allocator, match
-from agentspec.allocator import (NO_IDS, AcceptanceModel, agentspec_lengths, draft_ids, scored,
-                                 token_classes, token_rows)
+from agentspec.allocator import (NO_IDS, TOKEN_CLASSES, AcceptanceModel, agentspec_lengths,
+                                 agreement, draft_ids, scored, token_classes, token_rows)
 from agentspec.controller import Controller, KmaxTable
 from agentspec.costs import linear_costs
 from agentspec.drafter import FILE, OUTPUT, PROMPT, Request
@@ -152,9 +152,10 @@ class CostAware:
     sending the best-looking one), and each draft token's hazard moved by what the tokens
     themselves say (`token_bias`: learned offsets per token, per token before it and per
     pair); the frequency path sent, where it pays to its end, continued by the path after
-    it (`extend`: up to EXTENSIONS times, each with curves and a sent ratio of its own). No
-    Kmax cap: the acceptance model conditions on match length, which separates long copies
-    from short matches better.
+    it (`extend`: up to EXTENSIONS times, each with curves and a sent ratio of its own); and
+    each draft token's row knowing whether the step's other candidate says the same
+    (`agreement`). No Kmax cap: the acceptance model conditions on match length, which
+    separates long copies from short matches better.
 
     On an engine that pads (`padded`), every row pays for the longest draft: each row
     keeps its best candidate, and one width is planned for the batch, the one whose
@@ -169,6 +170,7 @@ class CostAware:
     calibrate_sent: bool = False
     token_bias: bool = False
     extend: bool = False
+    agreement: bool = False
 
     def drafts(self, policy: Policy, batch: Sequence[Request], matches: list[Match],
                padded: bool = False):
@@ -200,6 +202,8 @@ class CostAware:
         """This step's candidates, and the draft that gains most with its gain (the numpy
         engine's; `_policy_nb.plan_request` is the same in one compiled call)."""
         run.candidates = self._candidates(policy, r, m, run)
+        if self.agreement and len(run.candidates) == 2:
+            run.candidates = agreed(*run.candidates)
         # padded, a row's best candidate drafts even when it would not pay alone
         draft, gain, run.sent, run.sent_key = [], -np.inf if padded else 0.0, None, r.role
         for c in run.candidates:
@@ -241,7 +245,10 @@ class CostAware:
                                                                              dtype=np.int64)
         else:
             look, copy = NO_LOOKUP, self._copy(policy, r, m, run.source)
-            copy_rows, copy_ids = (copy.rows, copy.ids) if copy else (NO_ROWS, NO_IDS)
+            copy_rows, copy_ids = NO_ROWS, NO_IDS
+            if copy:  # (the plan reads the copy's tokens in its ids, offsets or not)
+                copy_rows = copy.rows
+                copy_ids = copy.ids if self.token_bias else draft_ids(ids[0], copy.tokens)
         search = self.frequency and policy.config.session
         run.worth = policy.path_worth(r.role) if search and self.learned_paths else None
         keys = _sent_keys(r.role)
@@ -252,7 +259,7 @@ class CostAware:
             *frequent_buffers(max_k), self.session_text, policy.frequency_kind_array,
             policy.token_classes, *acceptance.kernel_tables(r.role), self.token_bias, costs,
             *look, policy.copy_kinds, policy.config.follow, copy.m if copy else 0, copy_rows,
-            copy_ids, acceptance.rate, acceptance.ratios, slots, -np.inf if padded else 0.0,
+            copy_ids, TOKEN_CLASSES if self.agreement else 0, acceptance.rate, acceptance.ratios, slots, -np.inf if padded else 0.0,
             EXTENSIONS if self.extend else 0, ids, rows)
         if run.looks_up:  # what retrieval would have found: S's match, chosen as it is
             run.match = policy.repeated(s, s.looked_up(*looked), max_k)
@@ -501,6 +508,13 @@ class Candidate:
     rows: np.ndarray
     ids: np.ndarray
     frequency: bool = False  # a frequency path, not a copy
+
+
+def agreed(a: Candidate, b: Candidate) -> list[Candidate]:
+    """Two candidates of a step, each token's row moved by what the other says of it
+    (`allocator.agreement`)."""
+    return [replace(a, rows=a.rows + TOKEN_CLASSES * agreement(a.tokens, b.tokens)),
+            replace(b, rows=b.rows + TOKEN_CLASSES * agreement(b.tokens, a.tokens))]
 
 
 def sent_key(role: str, frequency: bool, candidates: int) -> str:
@@ -957,7 +971,8 @@ def ladder(lam: float = 0.2) -> dict[str, PolicyConfig]:
     emission = replace(workspace, name="emission", emission=True)
     glob = replace(emission, name="global", global_=True)
     cost = CostAware(frequency=True, session_text=True, learned_paths=True, token_classes=True,
-                     score_all=True, calibrate_sent=True, token_bias=True, extend=True)
+                     score_all=True, calibrate_sent=True, token_bias=True, extend=True,
+                     agreement=True)
     full = replace(glob, name="full", listings=True, isolate=True, follow=True, lead=True,
                    choose=MostExpected(), length=cost, lam=lam)
     return {
@@ -991,4 +1006,6 @@ def ladder(lam: float = 0.2) -> dict[str, PolicyConfig]:
         "full-no-output-lead": replace(full, name="full-no-output-lead", lead=False),
         "full-no-extension": replace(full, name="full-no-extension",
                                      length=replace(cost, extend=False)),
+        "full-no-agreement": replace(full, name="full-no-agreement",
+                                     length=replace(cost, agreement=False)),
     }

@@ -8,7 +8,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from agentspec.allocator import (COPY_BINS, AcceptanceModel, agentspec_lengths, copy_bin,
+from agentspec.allocator import (AGREES, ALONE, COPY_BINS, DIFFERS, MODIFIERS, TOKEN_CLASSES,
+                                 AcceptanceModel, agentspec_lengths, agreement, copy_bin,
                                  hazard_counts, redundancy, scored)
 from agentspec.controller import Controller, KmaxError, KmaxTable, load_kmax
 from agentspec.costs import BatchCost, CostProfile, linear_costs
@@ -556,6 +557,29 @@ def test_building_a_policy_compiles_the_kernels_its_steps_call():
     assert out.stdout.strip() == "[]"
 
 
+def test_agreement_says_where_two_candidates_part():
+    assert agreement([1, 2, 3, 4], [1, 2, 5]).tolist() == [AGREES, AGREES, DIFFERS, DIFFERS]
+    assert agreement([1, 2, 3], [1, 2]).tolist() == [AGREES, AGREES, ALONE]
+    assert agreement([7, 2], [1, 2, 3]).tolist() == [DIFFERS, DIFFERS]
+    assert agreement([7], []).tolist() == [ALONE]
+
+
+def test_agreeing_candidates_learn_rows_of_their_own():
+    # a copy and a frequency path that say the same are scored on rows apart from those of
+    # a lone candidate, so the model can learn that two sources agreeing are surer
+    seed = [[1, 2, 3, 4, 5, 6]] * 3 + [[1, 2, 3, 9, 9, 9]]
+    for name, moved in (("full", True), ("full-no-agreement", False)):
+        p = Policy(ladder()[name], global_seed=seed)
+        p.register("s", PROMPT, [1, 2, 3, 4, 5, 6, 0, 0])
+        r = Request("r", "s", [8, 1, 2, 3], 4)
+        p.start(r)
+        p.propose([r])
+        cands = p.running["r"].candidates
+        assert len(cands) == 2 and cands[0].tokens[:3] == cands[1].tokens[:3]
+        assert all((int(c.rows[0]) % MODIFIERS // TOKEN_CLASSES == AGREES) == moved
+                   for c in cands)
+
+
 @pytest.mark.skipif(_policy_nb is None, reason="numba not installed")
 @pytest.mark.parametrize("name, padded", [("full", False), ("full", True),
                                           ("full-no-token-bias", False),
@@ -578,7 +602,7 @@ def test_the_compiled_plan_drafts_as_the_reference(name, padded):
                 for _ in range(2)]
     policies[1].compiled = False
     assert policies[0].compiled
-    continued, looked_up, sources = 0, set(), set()
+    continued, looked_up, sources, said = 0, set(), set(), set()
     for call in range(4):
         prompt, targets, file = text(30), [text(12), text(12)], text(10)
         rows = []
@@ -605,6 +629,8 @@ def test_the_compiled_plan_drafts_as_the_reference(name, padded):
                     assert (a.sent.tokens, a.sent.rows.tolist()) == \
                         (b.sent.tokens, b.sent.rows.tolist())
                 continued += "+" in a.sent_key
+                said.update(int(row) % MODIFIERS // TOKEN_CLASSES
+                            for c in a.candidates for row in c.rows)
                 looked_up.add(a.looks_up)
                 sources.add(a.source[:1])
                 written = len(rows[0][i].tokens) - len(prompt)
@@ -617,6 +643,7 @@ def test_the_compiled_plan_drafts_as_the_reference(name, padded):
             for r in rs:
                 p.finish(r)
     assert continued > 0 and looked_up == {True, False} and {"S", "B", "W"} <= sources
+    assert said == {ALONE, AGREES, DIFFERS}  # (every rung here has agreement)
     assert np.array_equal(policies[0].acceptance.bias, policies[1].acceptance.bias)
 
 
