@@ -128,6 +128,8 @@ def _agree(a, a_rows, b, b_rows, step):
 
 @njit(cache=True)
 def _said(rows, parted, n, step):
+    """One candidate's rows moved: agrees before `parted`, differs from there where the two
+    parted inside their common n tokens, else alone."""
     for j in range(len(rows)):
         if j < parted:
             rows[j] += step

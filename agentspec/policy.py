@@ -259,7 +259,8 @@ class CostAware:
             *frequent_buffers(max_k), self.session_text, policy.frequency_kind_array,
             policy.token_classes, *acceptance.kernel_tables(r.role), self.token_bias, costs,
             *look, policy.copy_kinds, policy.config.follow, copy.m if copy else 0, copy_rows,
-            copy_ids, TOKEN_CLASSES if self.agreement else 0, acceptance.rate, acceptance.ratios, slots, -np.inf if padded else 0.0,
+            copy_ids, TOKEN_CLASSES if self.agreement else 0, acceptance.rate,
+            acceptance.ratios, slots, -np.inf if padded else 0.0,
             EXTENSIONS if self.extend else 0, ids, rows)
         if run.looks_up:  # what retrieval would have found: S's match, chosen as it is
             run.match = policy.repeated(s, s.looked_up(*looked), max_k)
