@@ -21,7 +21,13 @@ accepted, and lines the two methods' steps up by the output position they start 
   steps that sent nothing. And the sent drafts' calibration by position: each token's predicted
   probability of being reached, by band, against how often it was, inside the draft and in the
   three positions after it, for copies and frequency paths apart (the winner's curse, and
-  whether the plan stops where the tokens stop paying).
+  whether the plan stops where the tokens stop paying);
+- every candidate's scored positions (each token the target wrote at the step, up to the
+  first one a candidate got wrong): the predicted probability that the token is accepted
+  once the ones before it were, by band, against how often it was, for copies and frequency
+  paths apart, by what the step's other candidate said of the token (`allocator.agreement`)
+  and by where in the draft it stands (first, second or third, later). The acceptance model
+  learns from these very positions; a band off here is a bias its rows do not see.
 
 With `--frontier`, what that AL would cost: `full` planned for each cheaper draft price given
 (its plan's lambda; the run is still priced at --lambda), its AL, rejected draft tokens and
@@ -45,6 +51,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from agentspec.allocator import MODIFIERS, TOKEN_CLASSES  # noqa: E402
 from agentspec.bench import make_drafter  # noqa: E402
 from agentspec.cli import load_bench  # noqa: E402
 from agentspec.metrics import Meter  # noqa: E402
@@ -53,6 +60,7 @@ from agentspec.replay import replay  # noqa: E402
 from agentspec.speculation import accepted_prefix  # noqa: E402
 
 BANDS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.7, 1.0)
+AGREEMENTS = ("alone", "agrees", "differs")  # (allocator.ALONE, AGREES, DIFFERS)
 
 
 class Recorder:
@@ -62,7 +70,8 @@ class Recorder:
     probability and whether that token was the one written; and once a request finishes,
     every step's candidates set against the rest of its output (`hindsight`, and `reach`:
     the sent drafts' predicted reach probabilities with what happened, by kind and by
-    inside the draft or after it)."""
+    inside the draft or after it); and at every step, each candidate's scored positions
+    (`scored`: predicted hazard and outcome, by kind, agreement and position)."""
 
     def __init__(self, inner):
         self.inner = inner
@@ -80,6 +89,7 @@ class Recorder:
         self.hindsight = {"accepted": 0, "sent_ran_on": 0, "rival_went_further": 0,
                           "sending_nothing": 0}
         self.reach: dict[tuple[str, str], list[tuple[float, bool]]] = {}
+        self.scored: dict[tuple[str, str, str], list[tuple[float, bool]]] = {}
 
     def __getattr__(self, name):  # register, start, finish, ...: the drafter's own
         return getattr(self.inner, name)
@@ -105,6 +115,7 @@ class Recorder:
                 for c in run.candidates:
                     p = policy.acceptance.accept_probs(request.role, c.m, c.rows, 1, c.ids)[0]
                     self.passed_over.append((float(p), c.tokens[0] == written))
+            self._score(policy, request, request.output[at:], run.candidates)
             candidates = []
             for c in run.candidates:
                 # (read before the policy learns from this step: what its plan saw)
@@ -113,6 +124,27 @@ class Recorder:
                 candidates.append((c.tokens, reach, c.frequency))
             self._open.setdefault(request.id, []).append((at, drafted, accepted, candidates))
         self.inner.observe(request, drafted, accepted)
+
+    def _score(self, policy: Policy, request, written: list[int], candidates) -> None:
+        """Each candidate's positions the target wrote a token at, up to its first wrong
+        one: the hazard its plan read there (before the policy learns from this step) and
+        whether the token was right."""
+        for c in candidates:
+            known = min(len(c.tokens), len(written))
+            if not known:
+                continue
+            reach = policy.acceptance.accept_probs(request.role, c.m, c.rows, known, c.ids)
+            for j in range(known):
+                before = reach[j - 1] if j else 1.0
+                if before <= 0.0:
+                    break
+                agreement = AGREEMENTS[c.rows[j] % MODIFIERS // TOKEN_CLASSES]
+                where = "first" if j == 0 else "2nd-3rd" if j < 3 else "later"
+                key = ("frequency" if c.frequency else "copy", agreement, where)
+                right = c.tokens[j] == written[j]
+                self.scored.setdefault(key, []).append((float(reach[j] / before), right))
+                if not right:
+                    break
 
     def finish(self, request):
         output = request.output
@@ -157,6 +189,15 @@ def by_band(pairs: list[tuple[float, bool]], right: str) -> list[dict]:
     return bands
 
 
+def print_bands(title: str, groups: dict[str, list[dict]], outcome: str) -> None:
+    """Groups of `by_band` bands, a line each: count at predicted -> how often `outcome`."""
+    print(title)
+    for name, bands in groups.items():
+        print(f"  {name}: " + "; ".join(
+            f"[{b['band'][0]:.1f}, {b['band'][1]:.1f}] {b['candidates']} at {b['predicted']:.3f}"
+            f" -> {b[outcome]:.3f}" for b in bands))
+
+
 def compare(full: Recorder, base: Recorder) -> dict:
     """The aligned steps, the calibration of what `full` passed over, and where its
     candidates' tokens went with hindsight."""
@@ -186,6 +227,8 @@ def compare(full: Recorder, base: Recorder) -> dict:
         "hindsight": full.hindsight,
         "sent_reach": {f"{kind}/{where}": by_band(pairs, "reached")
                        for (kind, where), pairs in sorted(full.reach.items())},
+        "scored_calibration": {"/".join(key): by_band(pairs, "accepted")
+                               for key, pairs in sorted(full.scored.items())},
     }
 
 
@@ -262,12 +305,12 @@ def main(argv: list[str] | None = None) -> dict:
           f"accepted; {h['sent_ran_on']} more written after sent drafts that stopped short; "
           f"{h['rival_went_further']} more held by a candidate passed over; "
           f"{h['sending_nothing']} held where nothing was sent")
-    print("sent drafts, each token's predicted probability of being reached, by band "
-          "(inside the draft; the three positions after it):")
-    for name, bands in report["sent_reach"].items():
-        print(f"  {name}: " + "; ".join(
-            f"[{b['band'][0]:.1f}, {b['band'][1]:.1f}] {b['candidates']} at {b['predicted']:.3f}"
-            f" -> {b['reached']:.3f}" for b in bands))
+    print_bands("sent drafts, each token's predicted probability of being reached, by band "
+                "(inside the draft; the three positions after it):",
+                report["sent_reach"], "reached")
+    print_bands("every candidate's scored positions, the predicted probability that the token "
+                "is accepted once the ones before it were, by band:",
+                report["scored_calibration"], "accepted")
     for r in report.get("frontier", []):
         who = args.base if r["plan_lambda"] is None else f"full planned for λ{r['plan_lambda']}"
         ratios = "" if r["plan_lambda"] is None else \

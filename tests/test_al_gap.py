@@ -50,6 +50,14 @@ def test_the_aligned_steps_add_up(gap, trace, tiny_model_dir, tmp_path, capsys):
         for band in bands:
             lo, hi = band["band"]
             assert lo <= band["predicted"] <= hi and 0.0 <= band["reached"] <= 1.0
+    assert report["scored_calibration"]
+    for name, bands in report["scored_calibration"].items():
+        kind, agreement, where = name.split("/")
+        assert kind in ("copy", "frequency") and agreement in gap.AGREEMENTS
+        assert where in ("first", "2nd-3rd", "later")
+        for band in bands:
+            lo, hi = band["band"]
+            assert lo <= band["predicted"] <= hi and 0.0 <= band["accepted"] <= 1.0
     assert json.loads((tmp_path / "gap.json").read_text()) == report
     out = capsys.readouterr().out
     assert "output positions where both methods start a step" in out
@@ -89,6 +97,40 @@ def test_hindsight_accounts_for_every_token_the_candidates_held(gap, trace, tiny
     assert sum(hit for pairs in reached for _, hit in pairs) == total.accepted
     for pairs in rec.reach.values():
         assert all(0.0 <= p <= 1.0 for p, _ in pairs)
+
+
+def test_every_candidate_is_scored_at_the_positions_the_target_wrote(gap, trace,
+                                                                    tiny_model_dir):
+    from agentspec.bench import make_drafter
+    from agentspec.replay import replay
+    from agentspec.speculation import accepted_prefix
+
+    run = gap.load_bench("replay", [trace], sessions=None, seed=0, methods="full",
+                         batch="1", model=str(tiny_model_dir), cost_profile=None, lam=0.2,
+                         kmax=None, structure=None, profile_sessions=60, split=True,
+                         dtype=None, urls=(None, None), outputs=None, save_outputs=None)
+
+    class Counting(gap.Recorder):
+        """Also counts, over the steps, the candidates and the tokens they got right."""
+
+        candidates = right = 0
+
+        def observe(self, request, drafted, accepted):
+            written = request.output[self._start[request.id]:]
+            for c in self.inner.running[request.id].candidates:
+                self.candidates += bool(c.tokens)
+                self.right += accepted_prefix(c.tokens, written)
+            super().observe(request, drafted, accepted)
+
+    rec = Counting(make_drafter("full", run.setup))
+    replay(run.tokenized, rec)
+    scored = [pair for pairs in rec.scored.values() for pair in pairs]
+    # one first position per candidate (a step writes at least one token), and each
+    # candidate's positions run to its first wrong token
+    assert sum(len(pairs) for (_, _, where), pairs in rec.scored.items()
+               if where == "first") == rec.candidates > 0
+    assert sum(right for _, right in scored) == rec.right > 0
+    assert all(0.0 <= p <= 1.0 for p, _ in scored)
 
 
 def test_where_no_draft_pays_every_candidate_is_passed_over(gap, trace, tiny_model_dir):
