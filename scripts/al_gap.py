@@ -51,7 +51,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from agentspec.allocator import MODIFIERS, TOKEN_CLASSES  # noqa: E402
+from agentspec.allocator import AGREES, ALONE, DIFFERS, MODIFIERS, TOKEN_CLASSES  # noqa: E402
 from agentspec.bench import make_drafter  # noqa: E402
 from agentspec.cli import load_bench  # noqa: E402
 from agentspec.metrics import Meter  # noqa: E402
@@ -60,7 +60,7 @@ from agentspec.replay import replay  # noqa: E402
 from agentspec.speculation import accepted_prefix  # noqa: E402
 
 BANDS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.7, 1.0)
-AGREEMENTS = ("alone", "agrees", "differs")  # (allocator.ALONE, AGREES, DIFFERS)
+AGREEMENTS = {ALONE: "alone", AGREES: "agrees", DIFFERS: "differs"}  # a row's, by name
 
 
 class Recorder:
