@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
 from pathlib import Path
 
@@ -53,11 +52,11 @@ sys.path.insert(0, str(ROOT))
 
 from agentspec.allocator import AGREES, ALONE, DIFFERS, MODIFIERS, TOKEN_CLASSES  # noqa: E402
 from agentspec.bench import make_drafter  # noqa: E402
-from agentspec.cli import load_bench  # noqa: E402
 from agentspec.metrics import Meter  # noqa: E402
 from agentspec.policy import CostAware, Policy  # noqa: E402
 from agentspec.replay import replay  # noqa: E402
 from agentspec.speculation import accepted_prefix  # noqa: E402
+from scripts.replay_options import add_replay_options, load_replay, saved  # noqa: E402
 
 BANDS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.7, 1.0)
 AGREEMENTS = {ALONE: "alone", AGREES: "agrees", DIFFERS: "differs"}  # a row's, by name
@@ -258,15 +257,8 @@ def frontier(run, base: Meter, full: Meter, plans: list[float], batch: int, lam:
 
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--traces", type=Path, nargs="+", required=True)
-    ap.add_argument("--sessions", type=int, default=20)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--batch", type=int, default=1)
-    ap.add_argument("--lambda", dest="lam", type=float, default=0.2)
+    add_replay_options(ap, sessions=20)
     ap.add_argument("--base", default="suffix", help="the method full is set beside")
-    ap.add_argument("--structure", default=None)
-    ap.add_argument("--model", default=None)
-    ap.add_argument("--json", type=Path)
     ap.add_argument("--frontier", default="",
                     help="comma-separated draft prices to plan full for (see above)")
     args = ap.parse_args(argv)
@@ -274,11 +266,7 @@ def main(argv: list[str] | None = None) -> dict:
         plans = [float(x) for x in args.frontier.split(",") if x.strip()]
     except ValueError:
         ap.error(f"--frontier {args.frontier!r}: not a comma-separated list of numbers")
-    run = load_bench("replay", args.traces, sessions=args.sessions, seed=args.seed,
-                     methods=f"full,{args.base}", batch=str(args.batch), model=args.model,
-                     cost_profile=None, lam=args.lam, kmax=None, structure=args.structure,
-                     profile_sessions=60, split=True, dtype=None, urls=(None, None),
-                     outputs=None, save_outputs=None)
+    run = load_replay(args, f"full,{args.base}")
     full, base = (Recorder(make_drafter(name, run.setup)) for name in ("full", args.base))
     full_meter, base_meter = (replay(run.tokenized, rec, batch=args.batch) for rec in (full, base))
     report = {"traces": [str(t) for t in args.traces], "sessions": len(run.tokenized),
@@ -317,9 +305,7 @@ def main(argv: list[str] | None = None) -> dict:
             f"  ({r['al_ratio']:.3f}x / {r['speedup_ratio']:.3f}x {args.base}'s)"
         print(f"{who:28s} AL {r['al']:.3f}, rejected {r['rejected_per_token']:.3f}, "
               f"λ{args.lam} speedup {r['speedup']:.3f}{ratios}")
-    if args.json:
-        args.json.write_text(json.dumps(report, indent=1) + "\n")
-    return report
+    return saved(args, report)
 
 
 if __name__ == "__main__":

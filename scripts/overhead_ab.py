@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import random
 import re
 import subprocess
@@ -35,9 +34,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from agentspec.bench import make_drafter  # noqa: E402
-from agentspec.cli import load_bench  # noqa: E402
 from agentspec.replay import replay  # noqa: E402
 from agentspec.speculation import drafter_clock, drafter_ns  # noqa: E402
+from scripts.replay_options import add_replay_options, load_replay, saved  # noqa: E402
 
 BASE = "agentspec_base"
 CACHE = Path(tempfile.gettempdir()) / "agentspec-overhead-ab"
@@ -101,22 +100,11 @@ class Tee:
 
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--traces", type=Path, nargs="+", required=True)
-    ap.add_argument("--sessions", type=int, default=None)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--batch", type=int, default=1)
-    ap.add_argument("--lambda", dest="lam", type=float, default=0.2)
-    ap.add_argument("--structure", default=None)
-    ap.add_argument("--model", default=None)
+    add_replay_options(ap)
     ap.add_argument("--method", default="full")
     ap.add_argument("--base", default="HEAD", help="git revision to set the working tree against")
-    ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
-    run = load_bench("replay", args.traces, sessions=args.sessions, seed=args.seed,
-                     methods=args.method, batch=str(args.batch), model=args.model,
-                     cost_profile=None, lam=args.lam, kmax=None, structure=args.structure,
-                     profile_sessions=60, split=True, dtype=None, urls=(None, None),
-                     outputs=None, save_outputs=None)
+    run = load_replay(args, args.method)
     for name in [m for m in sys.modules if m.split(".")[0] == BASE]:
         del sys.modules[name]  # (a revision read by an earlier call)
     path = base_package(args.base)
@@ -138,9 +126,7 @@ def main(argv=None) -> dict:
         calls = ", ".join(f"{m} {v:.1f}" for m, v in sorted(us[side].items(), key=lambda x: -x[1]))
         print(f"{side:4s} {total[side]:7.1f} us a request-step ({calls})")
     print(f"working tree / {args.base}: {report['tree_over_base']:.4f} over {steps} request-steps")
-    if args.json:
-        args.json.write_text(json.dumps(report, indent=1) + "\n")
-    return report
+    return saved(args, report)
 
 
 if __name__ == "__main__":

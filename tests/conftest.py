@@ -169,3 +169,12 @@ def run_without_numba(how: str, code: str) -> None:
     env = dict(os.environ, AGENTSPEC_NO_NUMBA="1" if how == "env" else "")
     subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=300,
                    cwd=Path(__file__).resolve().parent.parent)
+
+
+def replay_run(trace: Path, model_dir: Path, methods: str = "full"):
+    """What `bench --backend replay` loads for a trace: every session, seed 0, batch 1."""
+    from agentspec.cli import load_bench
+    return load_bench("replay", [trace], sessions=None, seed=0, methods=methods, batch="1",
+                      model=str(model_dir), cost_profile=None, lam=0.2, kmax=None,
+                      structure=None, profile_sessions=60, split=True, dtype=None,
+                      urls=(None, None), outputs=None, save_outputs=None)

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from conftest import load_script
+from conftest import load_script, replay_run
 
 
 @pytest.fixture(scope="module")
@@ -18,10 +18,7 @@ def test_the_recorder_sees_every_step_and_changes_none(gap, trace, tiny_model_di
     from agentspec.bench import make_drafter
     from agentspec.replay import replay
 
-    run = gap.load_bench("replay", [trace], sessions=None, seed=0, methods="full",
-                         batch="1", model=str(tiny_model_dir), cost_profile=None, lam=0.2,
-                         kmax=None, structure=None, profile_sessions=60, split=True,
-                         dtype=None, urls=(None, None), outputs=None, save_outputs=None)
+    run = replay_run(trace, tiny_model_dir)
     alone = replay(run.tokenized, make_drafter("full", run.setup)).total
     rec = gap.Recorder(make_drafter("full", run.setup))
     recorded = replay(run.tokenized, rec).total
@@ -69,10 +66,7 @@ def test_hindsight_accounts_for_every_token_the_candidates_held(gap, trace, tiny
     from agentspec.replay import replay
     from agentspec.speculation import accepted_prefix
 
-    run = gap.load_bench("replay", [trace], sessions=None, seed=0, methods="full",
-                         batch="1", model=str(tiny_model_dir), cost_profile=None, lam=0.2,
-                         kmax=None, structure=None, profile_sessions=60, split=True,
-                         dtype=None, urls=(None, None), outputs=None, save_outputs=None)
+    run = replay_run(trace, tiny_model_dir)
 
     class Best(gap.Recorder):
         """Also keeps, per step, the most any candidate held (the hindsight's total)."""
@@ -105,10 +99,7 @@ def test_every_candidate_is_scored_at_the_positions_the_target_wrote(gap, trace,
     from agentspec.replay import replay
     from agentspec.speculation import accepted_prefix
 
-    run = gap.load_bench("replay", [trace], sessions=None, seed=0, methods="full",
-                         batch="1", model=str(tiny_model_dir), cost_profile=None, lam=0.2,
-                         kmax=None, structure=None, profile_sessions=60, split=True,
-                         dtype=None, urls=(None, None), outputs=None, save_outputs=None)
+    run = replay_run(trace, tiny_model_dir)
 
     class Counting(gap.Recorder):
         """Also counts, over the steps, the candidates and the tokens they got right."""

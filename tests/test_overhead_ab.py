@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from conftest import load_script
+from conftest import load_script, replay_run
 
 
 @pytest.fixture(scope="module")
@@ -31,10 +31,7 @@ def test_drafters_that_draft_differently_are_stopped_at_the_call(ab, trace, tiny
     from agentspec.bench import make_drafter
     from agentspec.replay import replay
 
-    run = ab.load_bench("replay", [trace], sessions=None, seed=0, methods="full",
-                        batch="1", model=str(tiny_model_dir), cost_profile=None, lam=0.2,
-                        kmax=None, structure=None, profile_sessions=60, split=True,
-                        dtype=None, urls=(None, None), outputs=None, save_outputs=None)
+    run = replay_run(trace, tiny_model_dir)
     same = ab.Tee({"a": make_drafter("full", run.setup), "b": make_drafter("full", run.setup)})
     assert replay(run.tokenized, same).total.accepted > 0  # (the sessions repeat a patch)
     differ = ab.Tee({"a": make_drafter("full", run.setup), "b": make_drafter("plain", run.setup)})
