@@ -521,9 +521,10 @@ def agreed(a: Candidate, b: Candidate) -> list[Candidate]:
 def sent_key(role: str, frequency: bool, candidates: int) -> str:
     """Whose sent ratio prices a candidate (AcceptanceModel.sent_ratio): its role, copy or
     frequency path, and how many candidates the step had (whether another competed with
-    it). The winner's curse differs between them: on SWE-agent a copy sent over a
-    frequency draft took 0.86 of the tokens predicted, a frequency draft sent over a copy
-    0.95, a lone one 0.99. A path continued past its end takes a "+" per continuation."""
+    it). The winner's curse differs between them: on SWE-agent (32 sessions, seed 7, at
+    c0df06c) a copy sent beside a frequency path took as many tokens as predicted, a path
+    sent beside a copy 0.91 of them, a lone path 0.84. A path continued past its end takes
+    a "+" per continuation (and took 0.55-0.77 of its prediction)."""
     return f"{role}/{'frequency' if frequency else 'copy'}/{candidates}"
 
 
