@@ -97,8 +97,8 @@ def profile(run, method: str, batch: int) -> dict:
     """Replay `run`'s sessions with `method`, its kernels timed (the callers' modules are
     restored after, whatever happens)."""
     kernels = Kernels()
-    saved = [(module, module._nb) for module in CALLERS]
-    for module, kernel_module in saved:
+    originals = [(module, module._nb) for module in CALLERS]
+    for module, kernel_module in originals:
         if kernel_module is not None:
             module._nb = TimedModule(kernel_module, kernels)
     try:
@@ -107,7 +107,7 @@ def profile(run, method: str, batch: int) -> dict:
         kernels.calls[False].clear()
         meter = replay(run.tokenized, Stepping(drafter, kernels), batch=batch)
     finally:
-        for module, kernel_module in saved:
+        for module, kernel_module in originals:
             module._nb = kernel_module
     steps = meter.total.steps
     per_step = {inside: {name: {"us": ns / 1e3 / steps,
@@ -117,7 +117,7 @@ def profile(run, method: str, batch: int) -> dict:
     overhead = meter.drafter_ns / 1e3 / steps
     in_kernels = sum(k["us"] for k in per_step[True].values())
     return {"method": method, "batch": batch, "request_steps": steps,
-            "compiled": any(kernel_module is not None for _, kernel_module in saved),
+            "compiled": any(kernel_module is not None for _, kernel_module in originals),
             "overhead_us_per_step": overhead,
             "call_overhead_us_per_step": meter.call_ns / 1e3 / steps,
             "kernels_us_per_step": in_kernels, "interpreter_us_per_step": overhead - in_kernels,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
 import os
@@ -172,9 +173,8 @@ def run_without_numba(how: str, code: str) -> None:
 
 
 def replay_run(trace: Path, model_dir: Path, methods: str = "full"):
-    """What `bench --backend replay` loads for a trace: every session, seed 0, batch 1."""
-    from agentspec.cli import load_bench
-    return load_bench("replay", [trace], sessions=None, seed=0, methods=methods, batch="1",
-                      model=str(model_dir), cost_profile=None, lam=0.2, kmax=None,
-                      structure=None, profile_sessions=60, split=True, dtype=None,
-                      urls=(None, None), outputs=None, save_outputs=None)
+    """What `bench --backend replay` loads for a trace (every session, seed 0, batch 1), as
+    the replay scripts load it (scripts/replay_options.py)."""
+    args = argparse.Namespace(traces=[trace], sessions=None, seed=0, batch=1, lam=0.2,
+                              structure=None, model=str(model_dir), json=None)
+    return load_script("replay_options").load_replay(args, methods)

@@ -32,7 +32,7 @@ def test_the_kernels_of_propose_and_observe_are_part_of_the_step(step_profile, t
     assert 0 < report["kernel_share"] < 1
     assert report["interpreter_us_per_step"] == pytest.approx(
         report["overhead_us_per_step"] - report["kernels_us_per_step"])
-    # indexing a registered prompt happens between steps, not in them
+    # planning happens in steps only; what runs between them is kept apart
     assert "plan_request" not in report["kernels_between_steps"]
     assert json.loads((tmp_path / "p.json").read_text()) == report
 
