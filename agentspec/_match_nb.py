@@ -11,8 +11,7 @@ only the first process after an install or an edit pays the compile time.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, types
-from numba.typed import List
+from numba import njit
 
 _NEVER = -2  # what a context id that cannot be a token becomes (as in match.py)
 BLOCK = 64  # candidates (or tail entries) looked at per pass
@@ -21,27 +20,15 @@ BLOCK = 64  # candidates (or tail entries) looked at per pass
 CHAIN_BUCKETS = 1 << 14
 CHAIN_MASK = CHAIN_BUCKETS - 1
 
-# one sorted run of one level as the kernels read it: (plain keys, directory, low halves,
-# positions); a run keeps plain keys or directory + low halves, the other part is empty
-RUN = types.Tuple((types.uint32[::1], types.int32[::1], types.uint16[::1], types.int32[::1]))
-RUNS = types.ListType(RUN)
-NO_U32 = np.empty(0, dtype=np.uint32)
-NO_I32 = np.empty(0, dtype=np.int32)
-NO_U16 = np.empty(0, dtype=np.uint16)
-
-
-@njit(cache=True)
-def new_runs(levels):
-    """Per level, an empty typed list of runs (`RUN`)."""
-    runs = List.empty_list(RUNS)
-    for _ in range(levels):
-        runs.append(List.empty_list(RUN))
-    return runs
-
-
-@njit(cache=True)
-def add_run(runs, level, plain, dir_, lo, pos):
-    runs[level].append((plain, dir_, lo, pos))
+# A corpus as the kernels read it, one tuple (passed in as one argument; a typed list in it
+# would be unboxed by way of Python on every call):
+#   (keys, dirs, lows, positions, runs, tail_keys, tail_pos, tail_len, head, prev, buf)
+# The sorted runs lie in the first four arrays: runs[level, r] = (key start, directory start
+# (-1: plain keys), position start, entries) locates run r of a level, oldest run first. A
+# run keeps plain keys (keys[start : start + entries]) or a directory on the high 16 bits
+# (dirs[d : d + 2**16 + 1]) with low halves (lows[start : start + entries]); its positions
+# are positions[p : p + entries]. The tail and its chains are as `index_tail` keeps them.
+TAIL_LEN, BUF = 7, 10  # where a corpus tuple holds the tail's length and the token buffer
 
 
 @njit(cache=True)
@@ -141,14 +128,15 @@ def _chain(head, prev, i, t, key):
 
 
 @njit(cache=True)
-def lookup(runs, tail_keys, tail_pos, tail_len, head, prev, buf, context, pw, levels, first,
-           mask, want, k, a, b):
+def lookup(corpus, context, pw, levels, first, mask, want, k, a, b):
     """Corpus.match once the context is int32 and long enough, after indexing buf[a:b] into
     the tail (`index_tail`; the tail has room for them): (m, chosen, candidates, agree,
     agreed, n, the tail's length), the continuation being buf[chosen : chosen + n]; m = 0:
     no match."""
+    _, _, _, _, _, tail_keys, tail_pos, tail_len, head, prev, buf = corpus
     tail_len = index_tail(buf, a, b, pw, levels, mask, tail_keys, tail_pos, tail_len, head,
                           prev)
+    corpus = with_tail(corpus, tail_len)
     ctx = np.where(context < 0, _NEVER, context).astype(np.int32)  # never a token or boundary
     L = len(ctx)
     top = 0
@@ -159,8 +147,7 @@ def lookup(runs, tail_keys, tail_pos, tail_len, head, prev, buf, context, pw, le
         q = levels[i]
         cap = levels[i + 1] - 1 if i < top else L
         v = _key(ctx, L, q, pw, mask)
-        m, n = _find(runs[i], tail_keys, tail_pos, tail_len, head, prev, i, v, buf, ctx, q,
-                     cap, out)
+        m, n = _find(corpus, i, v, ctx, q, cap, out)
         if n:
             chosen, members, agreed, cont = _vote(buf, out[:n], k)
             return m, chosen, n, members, agreed, cont, tail_len
@@ -168,7 +155,14 @@ def lookup(runs, tail_keys, tail_pos, tail_len, head, prev, buf, context, pw, le
 
 
 @njit(cache=True)
-def _find(runs, tail_keys, tail_pos, tail_len, head, prev, i, v, buf, ctx, q, cap, out):
+def with_tail(corpus, tail_len):
+    """The corpus tuple once its tail holds tail_len entries."""
+    keys, dirs, lows, pos, runs, tail_keys, tail_pos, _, head, prev, buf = corpus
+    return keys, dirs, lows, pos, runs, tail_keys, tail_pos, tail_len, head, prev, buf
+
+
+@njit(cache=True)
+def _find(corpus, i, v, ctx, q, cap, out):
     """Level i (length q), key v: the longest verified length m in [q, cap] of its
     occurrences and, in out[:n], the most recent len(out) of that length, most recent first
     (n = 0: none verifies).
@@ -177,6 +171,7 @@ def _find(runs, tail_keys, tail_pos, tail_len, head, prev, i, v, buf, ctx, q, ca
     them, then the runs newest to oldest, each slice backwards), so the first len(out) of
     the best length are the answer; once the best is cap and out is full, older ones cannot
     change it.  This is the numpy path's _occurrences + _recent / _scan."""
+    keys, dirs, lows, pos, runs, tail_keys, tail_pos, tail_len, head, prev, buf = corpus
     want, L = len(out), len(ctx)
     best, n = q - 1, 0  # longest length so far (q-1: none yet); out[:n] have it
     if tail_len and head.shape[0]:  # the unsorted tail: v's entries, and its bucket's
@@ -201,20 +196,24 @@ def _find(runs, tail_keys, tail_pos, tail_len, head, prev, i, v, buf, ctx, q, ca
                         return best, n
             end = start
     ok = np.empty(BLOCK, dtype=np.bool_)
-    for r in range(len(runs) - 1, -1, -1):
-        plain, dir_, lo, pos = runs[r]
-        if len(dir_) == 0:
+    for r in range(runs.shape[1] - 1, -1, -1):
+        start, d, p, entries = runs[i, r, 0], runs[i, r, 1], runs[i, r, 2], runs[i, r, 3]
+        # a, b: the entries of key v, as offsets into the run
+        if d < 0:
+            plain = keys[start : start + entries]
             a = np.searchsorted(plain, v)
-            if a == len(plain) or plain[a] != v:
+            if a == entries or plain[a] != v:
                 continue
             b = np.searchsorted(plain, v, side="right")
         else:  # directory on the high 16 bits, then the run's low halves
-            s, t = dir_[v >> 16], dir_[(v >> 16) + 1]
+            lo = lows[start : start + entries]
+            s, t = dirs[d + (v >> 16)], dirs[d + (v >> 16) + 1]
             low = np.uint16(v & 0xFFFF)
             a = s + np.searchsorted(lo[s:t], low)
             if a == t or lo[a] != low:
                 continue
             b = s + np.searchsorted(lo[s:t], low, side="right")
+        run_pos = pos[p : p + entries]
         while b > a:  # in blocks, newest first
             s = max(a, b - BLOCK)
             # first the one token each candidate needs to match, as independent loads the
@@ -222,10 +221,10 @@ def _find(runs, tail_keys, tail_pos, tail_len, head, prev, i, v, buf, ctx, q, ca
             # needed only rises, so this stays a valid filter for the whole block
             t = _need(best, n, want, q)
             for j in range(b - s):
-                ok[j] = buf[pos[s + j] - t] == ctx[L - t]
+                ok[j] = buf[run_pos[s + j] - t] == ctx[L - t]
             for j in range(b - s - 1, -1, -1):
                 if ok[j]:
-                    best, n = _consider(buf, pos[s + j], ctx, q, cap, out, best, n)
+                    best, n = _consider(buf, run_pos[s + j], ctx, q, cap, out, best, n)
                     if best == cap and n == want:
                         return best, n
             b = s
@@ -306,14 +305,11 @@ def _vote(buf, e, k):
 
 
 @njit(cache=True)
-def frequent(s_runs, s_tail_keys, s_tail_pos, s_tail_len, s_head, s_prev, s_buf, s_open,
-             open_len, g_runs, g_tail_keys, g_tail_pos, g_tail_len, g_head, g_prev, g_buf,
-             with_g, context, pw, levels, mask, want, k, max_context, min_prob, share_edges,
-             evidence_edges, worth, found, found_tokens):
+def frequent(s, s_open, open_len, g, with_g, context, pw, levels, mask, want, k, max_context,
+             min_prob, share_edges, evidence_edges, worth, found, found_tokens):
     """match.frequent_drafts once the context is int32: a request writes at the end of
     corpus s (its open document starts at buffer index s_open and holds open_len tokens),
-    g holds other outputs (read only with_g). Both corpora come as `lookup` reads one,
-    passed one by one (a tuple that holds a typed list is slow to pass in). Draft 0 is from
+    g holds other outputs (read only with_g); both are corpus tuples. Draft 0 is from
     s, draft 1 from every output (g's and s's open document). Written into `found` (6 + 2k
     floats) and `found_tokens` (6k), as returning arrays costs more than the search: the
     length, context length m (0: none) and score of each draft (found[3d : 3d + 3]), the
@@ -322,8 +318,7 @@ def frequent(s_runs, s_tail_keys, s_tail_pos, s_tail_len, s_head, s_prev, s_buf,
     given), one after the other (one read each). A path's score is its expected accepted
     tokens under `worth` (`agentspec.frequency.expected_accepted`; an empty one: its
     probabilities summed)."""
-    s = (s_runs, s_tail_keys, s_tail_pos, s_tail_len, s_head, s_prev, s_buf)
-    g = (g_runs, g_tail_keys, g_tail_pos, g_tail_len, g_head, g_prev, g_buf)
+    s_buf, g_buf = s[BUF], g[BUF]
     ctx = np.where(context < 0, _NEVER, context).astype(np.int32)
     L = len(ctx)
     out_s, out_g = np.empty(want, dtype=np.int32), np.empty(want, dtype=np.int32)
@@ -388,11 +383,10 @@ def frequent(s_runs, s_tail_keys, s_tail_pos, s_tail_len, s_head, s_prev, s_buf,
 
 
 @njit(cache=True)
-def frequent_candidate(s_runs, s_tail_keys, s_tail_pos, s_tail_len, s_head, s_prev, s_buf,
-                       s_open, open_len, g_runs, g_tail_keys, g_tail_pos, g_tail_len, g_head,
-                       g_prev, g_buf, with_g, context, pw, levels, mask, want, k, max_context,
-                       min_prob, share_edges, evidence_edges, worth, found, found_tokens,
-                       session_text, kinds, token_classes, prefix_ids, prefix_rows, ids, rows):
+def frequent_candidate(s, s_open, open_len, g, with_g, context, pw, levels, mask, want, k,
+                       max_context, min_prob, share_edges, evidence_edges, worth, found,
+                       found_tokens, session_text, kinds, token_classes, prefix_ids,
+                       prefix_rows, ids, rows):
     """`frequent`, then the one of its two drafts a policy drafts, written as a candidate:
     the draft from s where `session_text` and it scores higher, else the one from every
     output. ids: prefix_ids (the token before the draft, then any tokens the draft goes on
@@ -400,10 +394,8 @@ def frequent_candidate(s_runs, s_tail_keys, s_tail_pos, s_tail_len, s_head, s_pr
     kind (kinds[0] from s, kinds[1] from every output, by frequency class) plus its token
     class (token_classes, ids past it taking its last; empty: none). Returns (draft
     tokens written, context length m); m = 0: no draft."""
-    frequent(s_runs, s_tail_keys, s_tail_pos, s_tail_len, s_head, s_prev, s_buf, s_open,
-             open_len, g_runs, g_tail_keys, g_tail_pos, g_tail_len, g_head, g_prev, g_buf,
-             with_g, context, pw, levels, mask, want, k, max_context, min_prob, share_edges,
-             evidence_edges, worth, found, found_tokens)
+    frequent(s, s_open, open_len, g, with_g, context, pw, levels, mask, want, k, max_context,
+             min_prob, share_edges, evidence_edges, worth, found, found_tokens)
     d = 0 if session_text and found[2] > found[5] else 1
     length, m = np.int64(found[3 * d]), np.int64(found[3 * d + 1])
     if m == 0:
@@ -438,9 +430,7 @@ def _frequency_class(share, evidence, share_edges, evidence_edges):
 def _recent(corpus, i, v, ctx, q, out):
     """The most recent len(out) occurrences of the context's last q tokens (level i, key v)
     into out, most recent first; returns how many."""
-    runs, tail_keys, tail_pos, tail_len, head, prev, buf = corpus
-    _, n = _find(runs[i], tail_keys, tail_pos, tail_len, head, prev, i, v, buf, ctx, q, q,
-                 out)
+    _, n = _find(corpus, i, v, ctx, q, q, out)
     return n
 
 

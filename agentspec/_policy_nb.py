@@ -12,16 +12,15 @@ import numpy as np
 from numba import njit
 
 from agentspec._accept_nb import best_length
-from agentspec._match_nb import frequent_candidate, lookup
+from agentspec._match_nb import BUF, TAIL_LEN, frequent_candidate, lookup, with_tail
 
 _NO_IDS = np.zeros(0, dtype=np.int64)
 
 
 @njit(cache=True)
-def plan_request(s_runs, s_tail_keys, s_tail_pos, s_tail_len, s_head, s_prev, s_buf, s_open,
-                 open_len, g_runs, g_tail_keys, g_tail_pos, g_tail_len, g_head, g_prev, g_buf,
-                 with_g, context, pw, levels, mask, want, max_k, max_context, min_prob,
-                 share_edges, evidence_edges, worth, found, found_tokens, session_text,
+def plan_request(s, s_open, open_len, g, with_g, context, pw, levels, mask, want, max_k,
+                 max_context, min_prob, share_edges, evidence_edges, worth, found,
+                 found_tokens, session_text,
                  kind_tables, token_classes, t, h, kt, kh, pt, ph, bin_of, width, pad,
                  kind_shift, weight, bias, bits, with_ids, costs, look_context, first,
                  candidates, look_k, a, b, copy_kinds, repeat, copy_m, copy_rows, copy_ids,
@@ -47,14 +46,14 @@ def plan_request(s_runs, s_tail_keys, s_tail_pos, s_tail_len, s_head, s_prev, s_
     `match.copy_lookup`: look_context, first, candidates, look_k, a, b), as the policy's
     retrieval does when s is its only source, and written into copy_rows and copy_ids (of
     max_k and 1 + max_k) by `_write_copy`."""
-    looked = (0, 0, 0, 0, 0, 0, s_tail_len)
+    looked = (0, 0, 0, 0, 0, 0, s[TAIL_LEN])
     if look_k > 0:
-        looked = lookup(s_runs, s_tail_keys, s_tail_pos, s_tail_len, s_head, s_prev, s_buf,
-                        look_context, pw, levels, first, mask, candidates, look_k, a, b)
-        s_tail_len = looked[6]  # (the lookup indexed the step's tokens: the search reads them)
+        looked = lookup(s, look_context, pw, levels, first, mask, candidates, look_k, a, b)
+        # (the lookup indexed the step's tokens: the search reads them)
+        s = with_tail(s, looked[6])
         copy_m = looked[0]
         if copy_m:
-            length = _write_copy(s_buf, looked, b, max_k, repeat, copy_kinds, token_classes,
+            length = _write_copy(s[BUF], looked, b, max_k, repeat, copy_kinds, token_classes,
                                  ids[0], copy_rows, copy_ids)
             copy_rows = copy_rows[:length]
     copy_ids = copy_ids[: len(copy_rows) + 1]
@@ -62,10 +61,8 @@ def plan_request(s_runs, s_tail_keys, s_tail_pos, s_tail_len, s_head, s_prev, s_
     # the path's ratios: the second half of slots after the copy's two where it has a rival
     path_slots = slots[2 + (len(slots) - 2) // 2 * has_copy :]
     length, m = frequent_candidate(
-        s_runs, s_tail_keys, s_tail_pos, s_tail_len, s_head, s_prev, s_buf, s_open, open_len,
-        g_runs, g_tail_keys, g_tail_pos, g_tail_len, g_head, g_prev, g_buf, with_g, context, pw,
-        levels, mask, want, max_k, max_context, min_prob, share_edges, evidence_edges, worth,
-        found, found_tokens, session_text, kind_tables[0], token_classes, ids[:1], rows[:0],
+        s, s_open, open_len, g, with_g, context, pw, levels, mask, want, max_k, max_context,
+        min_prob, share_edges, evidence_edges, worth, found, found_tokens, session_text, kind_tables[0], token_classes, ids[:1], rows[:0],
         ids, rows)
     if agreeing and has_copy and m:
         _agree(copy_ids[1:], copy_rows, ids[1 : length + 1], rows[:length], agreeing)
@@ -94,9 +91,7 @@ def plan_request(s_runs, s_tail_keys, s_tail_pos, s_tail_len, s_head, s_prev, s_
         longer[: len(context)] = context
         longer[len(context):] = ids[1 : length + 1]
         more, _ = frequent_candidate(
-            s_runs, s_tail_keys, s_tail_pos, s_tail_len, s_head, s_prev, s_buf, s_open,
-            open_len, g_runs, g_tail_keys, g_tail_pos, g_tail_len, g_head, g_prev, g_buf,
-            with_g, longer[-max_k:], pw, levels, mask, want, max_k - length, max_context,
+            s, s_open, open_len, g, with_g, longer[-max_k:], pw, levels, mask, want, max_k - length, max_context,
             min_prob, share_edges, evidence_edges, worth, found, found_tokens, session_text,
             kind_tables[d + 1], token_classes, ids[: length + 1], rows[:length], ids, rows)
         if not more:

@@ -529,16 +529,39 @@ class Corpus:
             self._pack_runs()
 
     def _pack_runs(self) -> None:
-        """The runs as the kernels read them (typed lists: per level, per run, (plain keys,
-        directory, low halves, positions)); rebuilt whenever the runs change (rarely)."""
-        nb = self._nb
-        self._nb_runs = nb.new_runs(len(self.levels))
-        for run in self._runs:
-            for i, (k, pos) in enumerate(zip(run.keys, run.pos)):
+        """The runs as the kernels read them: laid end to end in four arrays, located by a
+        table (see `_match_nb`), rebuilt whenever the runs change (rarely). The runs' own
+        arrays then become views of these, so the corpus holds each entry once."""
+        levels, runs = len(self.levels), self._runs
+        where = np.zeros((levels, len(runs), 4), dtype=np.int64)
+        plain, lows, dirs, pos = [], [], [], []
+        sizes = [0, 0, 0, 0]  # of plain, lows, dirs, pos so far
+        for r, run in enumerate(runs):
+            for i, (k, p) in enumerate(zip(run.keys, run.pos)):
                 if k.plain is not None:
-                    nb.add_run(self._nb_runs, i, k.plain, nb.NO_I32, nb.NO_U16, pos)
+                    where[i, r] = sizes[0], -1, sizes[3], len(p)
+                    plain.append(k.plain)
+                    sizes[0] += len(p)
                 else:
-                    nb.add_run(self._nb_runs, i, nb.NO_U32, k.dir, k.lo, pos)
+                    where[i, r] = sizes[1], sizes[2], sizes[3], len(p)
+                    lows.append(k.lo)
+                    dirs.append(k.dir)
+                    sizes[1] += len(p)
+                    sizes[2] += len(k.dir)
+                pos.append(p)
+                sizes[3] += len(p)
+        arrays = [np.concatenate(parts) if parts else np.empty(0, dtype=dtype) for parts, dtype
+                  in ((plain, np.uint32), (dirs, np.int32), (lows, np.uint16), (pos, np.int32))]
+        keys_all, dirs_all, lows_all, pos_all = arrays
+        for r, run in enumerate(runs):
+            for i, k in enumerate(run.keys):
+                start, d, p, n = where[i, r]
+                run.pos[i] = pos_all[p : p + n]
+                if d < 0:
+                    k.plain = keys_all[start : start + n]
+                else:
+                    k.lo, k.dir = lows_all[start : start + n], dirs_all[d : d + len(k.dir)]
+        self._packed = (keys_all, dirs_all, lows_all, pos_all, where)
 
     def _evict(self, drop: int) -> None:
         """Drop the oldest `drop` real tokens (and whatever index entries saw them)."""
@@ -596,7 +619,7 @@ class Corpus:
             if window is None:
                 return _no_match()
             return self.looked_up(*self._nb.lookup(
-                *self._nb_state(), ctx, self._pw, self._levels_arr, self._first,
+                self._nb_state(), ctx, self._pw, self._levels_arr, self._first,
                 np.uint32(_KEY_MASK), self.max_candidates, *window, self._n))
         if self._n > self._indexed:
             self.flush()
@@ -668,8 +691,8 @@ class Corpus:
         return self._bounds[-1] + 1 if self._bounds else self._W
 
     def _nb_state(self) -> tuple:
-        """What the kernels read of this corpus, as one tuple."""
-        return (self._nb_runs, self._tail_keys, self._tail_pos, self._tail_len, *self._chains(),
+        """This corpus as the kernels read it (`_match_nb`'s corpus tuple)."""
+        return (*self._packed, self._tail_keys, self._tail_pos, self._tail_len, *self._chains(),
                 self._buf)
 
     def _context(self, context) -> np.ndarray:
@@ -1005,7 +1028,7 @@ def _frequent_args(session: Corpus, outputs: Corpus | None, ctx: np.ndarray, k: 
     session stands in for them, unread)."""
     s_open = session._open_start()
     g = outputs if outputs is not None else session
-    return (*session._nb_state(), s_open, session._n - s_open, *g._nb_state(),
+    return (session._nb_state(), s_open, session._n - s_open, g._nb_state(),
             outputs is not None, ctx, session._pw, session._levels_arr, np.uint32(_KEY_MASK),
             occurrences, k, max_context, min_prob, SHARE_EDGES, EVIDENCE_EDGES,
             _NO_WORTH if worth is None else worth)
