@@ -237,12 +237,12 @@ class CostAware:
         S where the policy left it to the plan (see `Policy.propose`)."""
         max_k, acceptance = policy.config.max_k, policy.acceptance
         s = policy.sessions[r.session].s
-        ids, rows = np.empty(max_k + 1, dtype=np.int64), np.empty(max_k, dtype=np.int64)
+        if run.buffers is None:
+            run.buffers = tuple(np.empty(n, dtype=np.int64) for n in (max_k + 1, max_k) * 2)
+        ids, rows, copy_ids, copy_rows = run.buffers
         ids[0] = r.tokens[-1] if r.tokens else 0  # the token the drafts follow
         if run.looks_up:  # (first: the lookup indexes the step's tokens, the search reads them)
             look, copy = copy_lookup(s, run.context, max_k), None
-            copy_rows, copy_ids = np.empty(max_k, dtype=np.int64), np.empty(max_k + 1,
-                                                                             dtype=np.int64)
         else:
             look, copy = NO_LOOKUP, self._copy(policy, r, m, run.source)
             copy_rows, copy_ids = NO_ROWS, NO_IDS
@@ -496,6 +496,9 @@ class _Running:
     sent_key: str = ""  # whose sent ratio priced it (`sent_key`, a "+" per extension)
     worth: np.ndarray | None = None  # Policy.path_worth, as this step's frequency paths read it
     looks_up: bool = False  # the step's copy is looked up by the compiled plan (see propose)
+    # where the compiled plan writes its candidates' ids and rows (path, then copy): a
+    # step's candidates are read only until the next step plans
+    buffers: tuple[np.ndarray, ...] | None = None
 
 
 @dataclass
