@@ -20,11 +20,11 @@ _NO_IDS = np.zeros(0, dtype=np.int64)
 @njit(cache=True)
 def plan_request(s, s_open, open_len, g, with_g, context, pw, levels, mask, want, max_k,
                  max_context, min_prob, share_edges, evidence_edges, worth, found,
-                 found_tokens, session_text,
-                 kind_tables, token_classes, t, h, kt, kh, pt, ph, bin_of, width, pad,
-                 kind_shift, weight, bias, bits, with_ids, costs, look_context, first,
-                 candidates, look_k, a, b, copy_kinds, repeat, copy_m, copy_rows, copy_ids,
-                 agreeing, rate, ratios, slots, gain, extensions, ids, rows):
+                 found_tokens, session_text, kind_tables, token_classes, t, h, kt, kh, pt, ph,
+                 bin_of, width, pad, kind_shift, weight, bias, bits, with_ids, costs,
+                 look_context, first, candidates, look_k, a, b, copy_kinds, repeat, copy_m,
+                 copy_rows, copy_ids, agreeing, rate, ratios, slots, gain, extensions, ids,
+                 rows):
     """CostAware.drafts for one request: the copy (copy_m: its context length, 0: none;
     copy_rows as its Candidate holds them, copy_ids the token before it and its tokens,
     read for offsets with `with_ids`) and the frequency path after `context`
@@ -62,8 +62,8 @@ def plan_request(s, s_open, open_len, g, with_g, context, pw, levels, mask, want
     path_slots = slots[2 + (len(slots) - 2) // 2 * has_copy :]
     length, m = frequent_candidate(
         s, s_open, open_len, g, with_g, context, pw, levels, mask, want, max_k, max_context,
-        min_prob, share_edges, evidence_edges, worth, found, found_tokens, session_text, kind_tables[0], token_classes, ids[:1], rows[:0],
-        ids, rows)
+        min_prob, share_edges, evidence_edges, worth, found, found_tokens, session_text,
+        kind_tables[0], token_classes, ids[:1], rows[:0], ids, rows)
     if agreeing and has_copy and m:
         _agree(copy_ids[1:], copy_rows, ids[1 : length + 1], rows[:length], agreeing)
     sent, n, depth, sent_length = -1, 0, 0, 0
@@ -91,9 +91,10 @@ def plan_request(s, s_open, open_len, g, with_g, context, pw, levels, mask, want
         longer[: len(context)] = context
         longer[len(context):] = ids[1 : length + 1]
         more, _ = frequent_candidate(
-            s, s_open, open_len, g, with_g, longer[-max_k:], pw, levels, mask, want, max_k - length, max_context,
-            min_prob, share_edges, evidence_edges, worth, found, found_tokens, session_text,
-            kind_tables[d + 1], token_classes, ids[: length + 1], rows[:length], ids, rows)
+            s, s_open, open_len, g, with_g, longer[-max_k:], pw, levels, mask, want,
+            max_k - length, max_context, min_prob, share_edges, evidence_edges, worth, found,
+            found_tokens, session_text, kind_tables[d + 1], token_classes, ids[: length + 1],
+            rows[:length], ids, rows)
         if not more:
             break
         length += more

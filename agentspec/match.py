@@ -532,36 +532,36 @@ class Corpus:
         """The runs as the kernels read them: laid end to end in four arrays, located by a
         table (see `_match_nb`), rebuilt whenever the runs change (rarely). The runs' own
         arrays then become views of these, so the corpus holds each entry once."""
-        levels, runs = len(self.levels), self._runs
-        where = np.zeros((levels, len(runs), 4), dtype=np.int64)
-        plain, lows, dirs, pos = [], [], [], []
-        sizes = [0, 0, 0, 0]  # of plain, lows, dirs, pos so far
+        runs = self._runs
+        located = np.zeros((len(self.levels), len(runs), 4), dtype=np.int64)
+        plain, dirs, lows, pos = [], [], [], []
+        n_plain = n_dirs = n_lows = n_pos = 0  # what each array holds so far
         for r, run in enumerate(runs):
             for i, (k, p) in enumerate(zip(run.keys, run.pos)):
                 if k.plain is not None:
-                    where[i, r] = sizes[0], -1, sizes[3], len(p)
+                    located[i, r] = n_plain, -1, n_pos, len(p)
                     plain.append(k.plain)
-                    sizes[0] += len(p)
+                    n_plain += len(p)
                 else:
-                    where[i, r] = sizes[1], sizes[2], sizes[3], len(p)
+                    located[i, r] = n_lows, n_dirs, n_pos, len(p)
                     lows.append(k.lo)
                     dirs.append(k.dir)
-                    sizes[1] += len(p)
-                    sizes[2] += len(k.dir)
+                    n_lows += len(p)
+                    n_dirs += len(k.dir)
                 pos.append(p)
-                sizes[3] += len(p)
-        arrays = [np.concatenate(parts) if parts else np.empty(0, dtype=dtype) for parts, dtype
-                  in ((plain, np.uint32), (dirs, np.int32), (lows, np.uint16), (pos, np.int32))]
-        keys_all, dirs_all, lows_all, pos_all = arrays
+                n_pos += len(p)
+        keys_all, dirs_all, lows_all, pos_all = (
+            np.concatenate(parts) if parts else np.empty(0, dtype=dtype) for parts, dtype in
+            ((plain, np.uint32), (dirs, np.int32), (lows, np.uint16), (pos, np.int32)))
         for r, run in enumerate(runs):
             for i, k in enumerate(run.keys):
-                start, d, p, n = where[i, r]
+                start, d, p, n = located[i, r]
                 run.pos[i] = pos_all[p : p + n]
                 if d < 0:
                     k.plain = keys_all[start : start + n]
                 else:
                     k.lo, k.dir = lows_all[start : start + n], dirs_all[d : d + len(k.dir)]
-        self._packed = (keys_all, dirs_all, lows_all, pos_all, where)
+        self._packed = (keys_all, dirs_all, lows_all, pos_all, located)
 
     def _evict(self, drop: int) -> None:
         """Drop the oldest `drop` real tokens (and whatever index entries saw them)."""
