@@ -531,6 +531,35 @@ def profile_kmax_cmd(
         console.print(f"wrote {plot_out}")
 
 
+@app.command("import-trace")
+def import_trace_cmd(
+    paths: List[Path] = typer.Argument(..., help="mini-swe-agent .traj.json files, or folders "
+                                       "holding them (searched recursively)."),
+    out_path: Path = typer.Option(..., "--out", help="The trace file to write "
+                                  "(agentspec.trace/1; .jsonl.gz compresses it)."),
+    source: Optional[str] = typer.Option(None, help="What the sessions' ids start with "
+                                         "(default: the first folder's name)."),
+) -> None:
+    """Turn another agent's recorded runs into a trace that bench, profile-kmax and the
+    scripts replay (today: mini-swe-agent's .traj.json, one session per run).
+
+    [b]Example[/b]: agentspec import-trace results/real-agent/trajectories --out mini.jsonl.gz
+    """
+    from agentspec.trace import write_sessions
+    from agentspec.trace_import import import_mini_swe
+
+    name = source or (paths[0] if paths[0].is_dir() else paths[0].parent).resolve().name
+    try:
+        sessions, bad = import_mini_swe(list(paths), name)
+    except _user_errors() as e:
+        fail(str(e))
+    for error in bad:
+        console.print(f"[yellow]warning:[/] skipped {error}", highlight=False, soft_wrap=True)
+    write_sessions(out_path, sessions)
+    calls = sum(len(s.calls) for s in sessions)
+    console.print(f"wrote {len(sessions)} sessions ({calls} calls) to {out_path}")
+
+
 def plot_survival(table, path: Path) -> None:
     import matplotlib
 
