@@ -4,9 +4,11 @@
 # Safe to re-run: steps already done are skipped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=${PYTHON:-python3}
 VENV=.venv
 PIP="$VENV/bin/pip"
+
+source scripts/pick_python.sh
+PY=$(pick_python)
 
 # run a long, quiet step (pip, a build), saying every 20 s that it still runs
 with_heartbeat() {
@@ -20,7 +22,7 @@ with_heartbeat() {
 }
 
 if [ ! -x "$VENV/bin/python" ]; then
-  echo "[setup] creating $VENV"
+  echo "[setup] creating $VENV with $PY ($("$PY" -c 'import sys; print(sys.version.split()[0])'))"
   "$PY" -m venv "$VENV"
   "$PIP" install -q --upgrade pip
 fi
