@@ -118,8 +118,7 @@ class Match:
     position: int  # corpus position where the chosen continuation starts (-1: no match)
 
 
-def _no_match() -> Match:
-    return Match(0, [], 0, 0, 0, -1)
+NO_MATCH = Match(0, [], 0, 0, 0, -1)  # (never changed in place: every Match is replaced)
 
 
 def _powers(n: int) -> np.ndarray:
@@ -374,9 +373,14 @@ class Corpus:
             t = tokens
             if not t:
                 return
-            lo, hi = min(t), max(t)
-            if not all(isinstance(x, (int, np.integer)) for x in t):
-                raise ValueError("tokens must be integers")
+            lo = hi = t[0]
+            for x in t:  # (isinstance against np.integer, an abstract class, is slow)
+                if type(x) is not int and not isinstance(x, (int, np.integer)):
+                    raise ValueError("tokens must be integers")
+                if x < lo:
+                    lo = x
+                elif x > hi:
+                    hi = x
         else:
             t = np.asarray(tokens)
             if t.size == 0:
@@ -617,7 +621,7 @@ class Corpus:
         if self._nb is not None:  # all of the below, and the vote, in one compiled call
             window = self._lookup_window(ctx, k)
             if window is None:
-                return _no_match()
+                return NO_MATCH
             return self.looked_up(*self._nb.lookup(
                 self._nb_state(), ctx, self._pw, self._levels_arr, self._first,
                 np.uint32(_KEY_MASK), self.max_candidates, *window, self._n))
@@ -625,7 +629,7 @@ class Corpus:
             self.flush()
         L = len(ctx)
         if L < self.min_match or self._held == 0:
-            return _no_match()
+            return NO_MATCH
         levels = self.levels
         fwd = min(max(int(k), 3), self._W)  # continuation tokens read with each candidate
         # keys of the context's last q tokens (garbage for levels longer than L)
@@ -643,7 +647,7 @@ class Corpus:
                 m, found = self._scan(parts, q, cap, ctx, fwd)
             if found is not None:
                 return self._vote(*found, q, m, k)
-        return _no_match()
+        return NO_MATCH
 
     def _lookup_window(self, ctx: np.ndarray, k: int) -> tuple[int, int] | None:
         """A compiled lookup of an int32 context (`_context`) up to its kernel call: (the
@@ -667,7 +671,7 @@ class Corpus:
         self._tail_len = tail_len
         self._chain_if_long()
         if not m:
-            return _no_match()
+            return NO_MATCH
         return self._answer(m, chosen, self._buf[chosen : chosen + n], n_cand, members, agreed)
 
     def _recent_occurrences(self, i: int, key: np.uint32, q: int, ctx: np.ndarray, top: int,
@@ -977,26 +981,29 @@ def frequent_candidate(session: Corpus, outputs: Corpus | None, context, k: int,
         np.concatenate((prefix_rows, rows)).astype(np.int64)
 
 
-def copy_lookup(corpus: Corpus, context, k: int) -> tuple:
+def copy_lookup(corpus: Corpus, context: np.ndarray, k: int) -> tuple:
     """What a kernel that looks a copy up in a compiled corpus itself (as `Corpus.match`,
     with `_match_nb.lookup`) reads besides the corpus's state: (the context as int32, the
     first level copies read, occurrences that vote, the continuation's most tokens (0:
     nothing can match), the first slot to index, the buffer's end). Its answer goes to
-    `corpus.looked_up`."""
-    ctx = corpus._context(context)
+    `corpus.looked_up`. context: int32 ids (`context_ids`; the kernel reads ids that cannot
+    be tokens as none)."""
+    ctx = _last(context, corpus.max_match)
     window = corpus._lookup_window(ctx, k)
     return (ctx, corpus._first, corpus.max_candidates, *(window or (0, 0)), corpus._n)
 
 
-def frequent_search(session: Corpus, outputs: Corpus | None, context, k: int,
+def frequent_search(session: Corpus, outputs: Corpus | None, context: np.ndarray, k: int,
                     worth: np.ndarray | None) -> tuple:
     """What the compiled search (`_match_nb.frequent`) reads for a path of at most k tokens
     after `context`, as `frequent_candidate` runs it, up to its output buffers (see
     `frequent_buffers`). Where no path can follow, the context is empty: the search finds
-    nothing."""
-    ctx = _frequent_context(session, outputs, context, k)
-    return _frequent_args(session, outputs, _NO_CONTEXT if ctx is None else ctx, k,
-                          MAX_CONTEXT, OCCURRENCES, MIN_PROB, worth)
+    nothing. context: int32 ids, as `copy_lookup` takes them."""
+    _indexed(session, outputs)
+    ctx = _last(context, session.max_match)
+    if len(ctx) < session.levels[0] or k <= 0:
+        ctx = _NO_CONTEXT
+    return _frequent_args(session, outputs, ctx, k, MAX_CONTEXT, OCCURRENCES, MIN_PROB, worth)
 
 
 _NO_CONTEXT = np.zeros(0, dtype=np.int32)
@@ -1006,6 +1013,13 @@ def _frequent_context(session: Corpus, outputs: Corpus | None, context, k: int
                       ) -> np.ndarray | None:
     """The context as the search reads it, both corpora indexed up to their last token;
     None where no draft can follow (a context under the shortest indexed length, or k <= 0)."""
+    _indexed(session, outputs)
+    ctx = session._context(context)
+    return None if len(ctx) < session.levels[0] or k <= 0 else ctx
+
+
+def _indexed(session: Corpus, outputs: Corpus | None) -> None:
+    """Both corpora of a search indexed up to their last token (they must index alike)."""
     if session._indexed < session._n:
         session.flush()
     if outputs is not None:
@@ -1013,8 +1027,10 @@ def _frequent_context(session: Corpus, outputs: Corpus | None, context, k: int
             outputs.flush()
         if outputs.levels != session.levels or outputs.max_match != session.max_match:
             raise ValueError("frequent_drafts: both corpora need the same levels and max_match")
-    ctx = session._context(context)
-    return None if len(ctx) < session.levels[0] or k <= 0 else ctx
+
+
+def _last(context: np.ndarray, n: int) -> np.ndarray:
+    return context if len(context) <= n else context[-n:]
 
 
 def _compiled(session: Corpus, outputs: Corpus | None) -> bool:

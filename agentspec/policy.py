@@ -50,8 +50,8 @@ from agentspec.costs import linear_costs
 from agentspec.drafter import FILE, OUTPUT, PROMPT, Request
 from agentspec.frequency import FREQUENCY_CLASSES
 from agentspec.learned_costs import LearnedCosts
-from agentspec.match import (MAX_CONTEXT, TAIL_MAX, Corpus, Match, context_ids, copy_lookup,
-                             frequent_buffers, frequent_candidate, frequent_search)
+from agentspec.match import (MAX_CONTEXT, NO_MATCH, TAIL_MAX, Corpus, Match, context_ids,
+                             copy_lookup, frequent_buffers, frequent_candidate, frequent_search)
 from agentspec.replay import replay
 from agentspec.structure import BlockTracker, StructureError, parse_structure, text_of
 from agentspec.tokens import TokenizedSession
@@ -69,7 +69,6 @@ if os.environ.get("AGENTSPEC_NO_NUMBA", "") != "1":
 WORTH_EVERY = 128  # steps of a role between two reads of its curves by path_worth
 EXTENSIONS = 2  # how many times a frequency path drafted to its end may be continued
 _kernels_ready = False  # see warm_up
-NO_MATCH = Match(length=0, tokens=[], candidates=0, agree=0, agreed=0, position=-1)
 NO_ROWS = np.zeros(0, dtype=np.int64)  # (a frequency path that continues none)
 NO_CONTEXT = np.zeros(0, dtype=np.int32)  # (no frequency search)
 NO_LOOKUP = (NO_CONTEXT, 0, 1, 0, 0, 0)  # (match.copy_lookup's form: no lookup)

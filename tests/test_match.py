@@ -332,6 +332,12 @@ def test_no_match_and_edge_inputs(engine):
         c.extend([1, -1])
     with pytest.raises(ValueError):
         c.extend([2**31])
+    for bad in ([1, 2.0], [3, "4"], [None]):  # a step's few tokens are checked one by one
+        with pytest.raises(ValueError, match="integers"):
+            c.extend(bad)
+    assert len(c) == 4  # a refused step added nothing
+    c.extend([np.int64(5), 6])  # numpy's integers are integers too
+    assert len(c) == 6 and c.match([4, 5], 4).tokens == [6]
 
 
 def test_nbytes_and_len(engine):
