@@ -15,6 +15,11 @@ kernels' share (less their dispatch) and drop the rest:
 Timing a kernel call adds ~0.3 us to it (counted in the kernels' share), and marking the
 step ~0.5 us a call to propose and observe (in the interpreter's); the figures move with the
 host's load as the bench's do, the share much less.
+
+Of each kernel's time, numba's dispatch (checking and unboxing its arguments, before any of
+its work) is measured apart: an empty kernel is given the arguments of some of its calls in
+steps (every SAMPLE_EVERY-th, kept as they were passed) and timed, in this process after
+the replay. A step compiled end to end would pay it once, for fewer arguments.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from scripts.replay_options import add_replay_options, load_replay, saved  # noq
 # the modules whose kernels the drafter calls, each by its own name for them
 CALLERS = (policy, allocator, match)
 STEP_CALLS = ("propose", "observe")
+SAMPLE_EVERY, SAMPLES = 97, 50  # the calls in steps whose arguments time the dispatch
 
 
 class Kernels:
@@ -45,6 +51,7 @@ class Kernels:
         self.inside = False
         self.ns = {True: defaultdict(int), False: defaultdict(int)}
         self.calls = {True: defaultdict(int), False: defaultdict(int)}
+        self.samples = defaultdict(list)  # some calls' arguments in steps, per kernel
 
     def timed(self, name: str, kernel):
         def call(*args):
@@ -54,7 +61,28 @@ class Kernels:
             finally:
                 self.ns[self.inside][name] += time.perf_counter_ns() - start
                 self.calls[self.inside][name] += 1
+                if self.inside and len(self.samples[name]) < SAMPLES \
+                        and self.calls[True][name] % SAMPLE_EVERY == 1:
+                    self.samples[name].append(args)
         return call
+
+
+def dispatch_us(samples: list[tuple], repeats: int = 200) -> float:
+    """What numba's dispatch alone costs a call given these arguments: an empty kernel,
+    compiled for their types first, called with each in turn."""
+    from numba import njit
+
+    @njit
+    def empty(*args):
+        return 0
+
+    for args in samples:
+        empty(*args)
+    start = time.perf_counter_ns()
+    for _ in range(repeats):
+        for args in samples:
+            empty(*args)
+    return (time.perf_counter_ns() - start) / 1e3 / (repeats * len(samples))
 
 
 class TimedModule:
@@ -114,6 +142,8 @@ def profile(run, method: str, batch: int) -> dict:
                                 "calls": kernels.calls[inside][name] / steps}
                          for name, ns in sorted(kernels.ns[inside].items(), key=lambda x: -x[1])}
                 for inside in (True, False)}
+    for name, samples in kernels.samples.items():  # (us a call, as `us` is a step)
+        per_step[True][name]["dispatch_us"] = dispatch_us(samples)
     overhead = meter.drafter_ns / 1e3 / steps
     in_kernels = sum(k["us"] for k in per_step[True].values())
     return {"method": method, "batch": batch, "request_steps": steps,
@@ -142,7 +172,8 @@ def main(argv=None) -> dict:
           f"({report['kernel_share']:.0%}), the interpreter's rest "
           f"{report['interpreter_us_per_step']:.1f}")
     for name, k in report["kernels"].items():
-        print(f"    {name:20s} {k['us']:7.1f} us  {k['calls']:5.2f} calls")
+        print(f"    {name:20s} {k['us']:7.1f} us  {k['calls']:5.2f} calls  "
+              f"(dispatch {k['dispatch_us']:.1f} us a call)")
     return saved(args, report)
 
 

@@ -27,6 +27,8 @@ def test_the_kernels_of_propose_and_observe_are_part_of_the_step(step_profile, t
     # every step plans in one kernel call; scoring calls the acceptance model's
     assert report["kernels"]["plan_request"]["calls"] == pytest.approx(1.0)
     assert report["kernels"]["observe"]["calls"] > 0
+    # what numba's dispatch of their arguments alone cost a call, for every kernel in steps
+    assert all(k["dispatch_us"] > 0 for k in report["kernels"].values())
     assert report["kernels_us_per_step"] == pytest.approx(
         sum(k["us"] for k in report["kernels"].values()))
     assert 0 < report["kernel_share"] < 1
