@@ -890,7 +890,7 @@ def frequent_drafts(session: Corpus, outputs: Corpus | None, context, k: int,
     its last m tokens lie in the open document (as a suffix tree over the text being written
     does). Both corpora index the same lengths (`Corpus(min_context=1)` reads one-token
     contexts)."""
-    ctx = _frequent_context(session, outputs, context, k)
+    ctx = _frequent_context(session, outputs, session._context(context), k)
     if ctx is None:
         return NO_DRAFT, NO_DRAFT
     if _compiled(session, outputs):
@@ -955,7 +955,7 @@ def frequent_candidate(session: Corpus, outputs: Corpus | None, context, k: int,
     then each token's kind (kinds[0] from the session's text, kinds[1] from every output,
     by frequency class) plus its token class (`token_classes`, ids past it taking its last;
     empty: none). None: no draft. Compiled, the search and all of this are one call."""
-    ctx = _frequent_context(session, outputs, context, k)
+    ctx = _frequent_context(session, outputs, session._context(context), k)
     if ctx is None:
         return None
     if _compiled(session, outputs):
@@ -999,27 +999,19 @@ def frequent_search(session: Corpus, outputs: Corpus | None, context: np.ndarray
     after `context`, as `frequent_candidate` runs it, up to its output buffers (see
     `frequent_buffers`). Where no path can follow, the context is empty: the search finds
     nothing. context: int32 ids, as `copy_lookup` takes them."""
-    _indexed(session, outputs)
-    ctx = _last(context, session.max_match)
-    if len(ctx) < session.levels[0] or k <= 0:
-        ctx = _NO_CONTEXT
-    return _frequent_args(session, outputs, ctx, k, MAX_CONTEXT, OCCURRENCES, MIN_PROB, worth)
+    ctx = _frequent_context(session, outputs, _last(context, session.max_match), k)
+    return _frequent_args(session, outputs, _NO_CONTEXT if ctx is None else ctx, k,
+                          MAX_CONTEXT, OCCURRENCES, MIN_PROB, worth)
 
 
 _NO_CONTEXT = np.zeros(0, dtype=np.int32)
 
 
-def _frequent_context(session: Corpus, outputs: Corpus | None, context, k: int
+def _frequent_context(session: Corpus, outputs: Corpus | None, ctx: np.ndarray, k: int
                       ) -> np.ndarray | None:
-    """The context as the search reads it, both corpora indexed up to their last token;
-    None where no draft can follow (a context under the shortest indexed length, or k <= 0)."""
-    _indexed(session, outputs)
-    ctx = session._context(context)
-    return None if len(ctx) < session.levels[0] or k <= 0 else ctx
-
-
-def _indexed(session: Corpus, outputs: Corpus | None) -> None:
-    """Both corpora of a search indexed up to their last token (they must index alike)."""
+    """ctx (int32, at most max_match ids) as the search reads it, both corpora indexed up to
+    their last token; None where no draft can follow (a context under the shortest indexed
+    length, or k <= 0)."""
     if session._indexed < session._n:
         session.flush()
     if outputs is not None:
@@ -1027,6 +1019,7 @@ def _indexed(session: Corpus, outputs: Corpus | None) -> None:
             outputs.flush()
         if outputs.levels != session.levels or outputs.max_match != session.max_match:
             raise ValueError("frequent_drafts: both corpora need the same levels and max_match")
+    return None if len(ctx) < session.levels[0] or k <= 0 else ctx
 
 
 def _last(context: np.ndarray, n: int) -> np.ndarray:
