@@ -269,6 +269,36 @@ def context_ids(context) -> np.ndarray:
         return np.array([t if 0 <= t <= _INT32_MAX else _NEVER for t in context], dtype=np.int32)
 
 
+class ContextWindow:
+    """The last `size` tokens of a sequence that grows by a decoding step's few tokens at a
+    time, as lookup context ids (`context_ids`). One buffer holds them: a step converts its
+    new tokens and reads the window as a view, instead of converting all `size` again."""
+
+    def __init__(self, size: int, tokens: Sequence[int] = ()):
+        self.size = size
+        self._buf = np.empty(4 * size + 64, dtype=np.int32)
+        self._n = 0
+        self.extend(tokens)
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        if len(tokens) > self.size:
+            tokens = tokens[-self.size :]
+        k = len(tokens)
+        if self._n + k > len(self._buf):  # what the window still needs goes to the front
+            keep = min(self._n, self.size - k)
+            self._buf[:keep] = self._buf[self._n - keep : self._n]
+            self._n = keep
+        try:
+            self._buf[self._n : self._n + k] = tokens
+        except OverflowError:
+            self._buf[self._n : self._n + k] = context_ids(tokens)
+        self._n += k
+
+    def ids(self) -> np.ndarray:
+        """The window (a view: valid until the next `extend`)."""
+        return self._buf[max(0, self._n - self.size) : self._n]
+
+
 class Corpus:
     """Append-only token corpus answering longest-suffix-match queries (see module doc).
 

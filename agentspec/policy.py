@@ -50,8 +50,9 @@ from agentspec.costs import linear_costs
 from agentspec.drafter import FILE, OUTPUT, PROMPT, Request
 from agentspec.frequency import FREQUENCY_CLASSES
 from agentspec.learned_costs import LearnedCosts
-from agentspec.match import (MAX_CONTEXT, NO_MATCH, TAIL_MAX, Corpus, Match, context_ids,
-                             copy_lookup, frequent_buffers, frequent_candidate, frequent_search)
+from agentspec.match import (MAX_CONTEXT, NO_MATCH, TAIL_MAX, ContextWindow, Corpus, Match,
+                             context_ids, copy_lookup, frequent_buffers, frequent_candidate,
+                             frequent_search)
 from agentspec.replay import replay
 from agentspec.structure import BlockTracker, StructureError, parse_structure, text_of
 from agentspec.tokens import TokenizedSession
@@ -489,6 +490,7 @@ class _Running:
     source: str = ""  # corpus the match came from: S, W, G or B (block history); with
     # choose="expected" its draft_kind
     context: np.ndarray | None = None  # the step's last max_k tokens, as ids to look up
+    window: ContextWindow | None = None  # the tokens absorbed so far, the last max_k as ids
     candidates: list[Candidate] = field(default_factory=list)  # what this step could draft
     sent: Candidate | None = None  # the one it drafted from
     expected: float = 0.0  # the acceptance model's expected accepted tokens of the draft sent
@@ -628,7 +630,7 @@ class Policy:
         # tokenizer
         self.token_classes = token_classes(token_bytes) \
             if token_bytes and cost.token_classes else np.zeros(0, dtype=np.intp)
-        self._worth: dict[str, tuple[int, np.ndarray]] = {}  # see path_worth
+        self._worth: dict[str, list] = {}  # role: [its age, its table] (see path_worth)
         # the acceptance model's kind of each frequency class, from G and from S; by
         # extension depth, from S and from G: 0 for a path of its own, then the paths that
         # continue one (CostAware.extend: "+SF<.8x2", "++F1x4", ...)
@@ -699,6 +701,8 @@ class Policy:
             if corpus is not None:
                 corpus.flush()
         run = _Running(fed=request.num_prompt)
+        max_k = self.config.max_k
+        run.window = ContextWindow(max_k, request.tokens[max(0, run.fed - max_k) : run.fed])
         if self.config.session and self.config.lead:
             st.s.end_document()  # (a lead starts a document, glued to no other request's)
             st.s.extend(output_lead(request))
@@ -716,16 +720,17 @@ class Policy:
         if not new:
             return new
         run.fed = len(request.tokens)
+        run.window.extend(new)
         st = self.sessions[request.session]
         if st.unformed:
             self._form(st, request.tokens[-len(new) - 1 :])
         if self.config.session:
             st.s.extend(new)
-        if self.config.isolate:
+        # text outside every block is only read where block history is the only source
+        # (elsewhere S holds it already: see _candidates); without a tracker all of it is
+        keep_outside = self.config.isolate_only
+        if self.config.isolate and (run.tracker is not None or keep_outside):
             labels = run.tracker.feed(new) if run.tracker else [None] * len(new)
-            # text outside every block is only read where block history is the only source
-            # (elsewhere S holds it already: see _candidates)
-            keep_outside = self.config.isolate_only
             start = 0
             for i in range(1, len(new) + 1):
                 if i == len(new) or labels[i] != labels[start]:
@@ -814,7 +819,7 @@ class Policy:
         matches = []
         for r, new in zip(batch, news):
             run = self.running[r.id]
-            run.context = context_ids(r.tokens[-cfg.max_k:])  # once, for every corpus
+            run.context = run.window.ids()  # once, for every corpus
             followed = self._follow(run, new) if new and cfg.follow else None
             run.looks_up = False
             if followed is None:
@@ -846,14 +851,14 @@ class Policy:
         """What a frequency path's token is worth to the served model, by source (session
         text, all outputs), frequency class and matched length: the acceptance model's kind
         curves, read again every WORTH_EVERY steps of a role (they move slowly)."""
-        age, worth = self._worth.get(role, (WORTH_EVERY, None))
-        if age >= WORTH_EVERY:
+        aged = self._worth.get(role)
+        if aged is None or aged[0] >= WORTH_EVERY:
             lengths = self.config.max_k + 1
-            worth = np.stack([self.acceptance.kind_hazards(role, kinds, lengths) for kinds in
-                              (self.session_frequency_kinds, self.frequency_kinds)])
-            age = 0
-        self._worth[role] = (age + 1, worth)
-        return worth
+            aged = self._worth[role] = [0, np.stack(
+                [self.acceptance.kind_hazards(role, kinds, lengths) for kinds in
+                 (self.session_frequency_kinds, self.frequency_kinds)])]
+        aged[0] += 1  # (a list: a step counts its read in place)
+        return aged[1]
 
     def observe(self, request: Request, drafted: int, accepted: int) -> None:
         self.config.length.observe(self, request, drafted, accepted)
@@ -914,7 +919,7 @@ class Policy:
         shape = (len(roles), 2, len(FREQUENCY_CLASSES), self.config.max_k + 1)
         if len(ages) != len(roles) or (len(roles) and tables.shape != shape):
             raise ValueError(f"path worth needs an age and a table of {shape[1:]} per role")
-        self._worth = {str(r): (int(a), t) for r, a, t in zip(roles, ages, tables)}
+        self._worth = {str(r): [int(a), t] for r, a, t in zip(roles, ages, tables)}
         self.served_sessions, self._seeded = (int(x) for x in state["served"])
 
     def serve_recorded(self, sessions: Sequence[TokenizedSession]) -> None:

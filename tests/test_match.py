@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from agentspec.frequency import FREQUENCY_CLASSES, frequency_classes
 from agentspec import match as match_mod
-from agentspec.match import Corpus, Match, default_levels
+from agentspec.match import ContextWindow, Corpus, Match, context_ids, default_levels
 from conftest import run_without_numba
 
 try:  # the numba kernels, tested even where AGENTSPEC_NO_NUMBA=1 turned them off
@@ -348,6 +348,26 @@ def test_nbytes_and_len(engine):
     assert len(c) == 10_000
     assert 4 * 10_000 < c.nbytes < 100 * 10_000
 
+
+@pytest.mark.parametrize("size", [1, 3, 8, 64])
+def test_a_context_window_reads_as_the_last_tokens_converted(size):
+    """A step's few tokens at a time, through the buffer's moves to its front and ids that
+    cannot be tokens, the window stays the last `size` tokens as context ids."""
+    rng = np.random.default_rng(size)
+    first = rng.integers(0, 1000, int(rng.integers(0, 2 * size))).tolist()
+    window, tokens = ContextWindow(size, first), list(first)
+    for _ in range(400):
+        step = rng.integers(0, 1000, int(rng.choice([0, 1, 2, 3, size, 2 * size + 1]))).tolist()
+        if rng.random() < 0.05:
+            step[:1] = [int(rng.choice([-1, 2**31, 2**40]))]
+        window.extend(step)
+        tokens += step
+        ids = window.ids()
+        assert ids.dtype == np.int32 and ids.flags.c_contiguous
+        expected = context_ids(tokens[-size:]) if tokens else np.zeros(0, dtype=np.int32)
+        # (an id no token can have is "none" to every lookup, whichever negative it reads)
+        assert ids.shape == expected.shape
+        assert (np.maximum(ids, -1) == np.maximum(expected, -1)).all()
 
 def test_default_levels():
     assert default_levels(2, 64) == (2, 3, 4, 8, 64)
