@@ -270,32 +270,35 @@ def context_ids(context) -> np.ndarray:
 
 
 class ContextWindow:
-    """The last `size` tokens of a sequence that grows by a decoding step's few tokens at a
-    time, as lookup context ids (`context_ids`). One buffer holds them: a step converts its
-    new tokens and reads the window as a view, instead of converting all `size` again."""
+    """The last `size` tokens of a token list that grows by a decoding step's few tokens at
+    a time, as lookup context ids (`context_ids`). One buffer holds them: a step converts
+    only the tokens added since it last read the list, and reads the window as a view."""
 
-    def __init__(self, size: int, tokens: Sequence[int] = ()):
+    def __init__(self, size: int):
         self.size = size
         self._buf = np.empty(4 * size + 64, dtype=np.int32)
-        self._n = 0
-        self.extend(tokens)
+        self._n = 0  # ids in the buffer
+        self._seen = 0  # tokens of the list read into it
 
-    def extend(self, tokens: Sequence[int]) -> None:
-        if len(tokens) > self.size:
-            tokens = tokens[-self.size :]
-        k = len(tokens)
-        if self._n + k > len(self._buf):  # what the window still needs goes to the front
-            keep = min(self._n, self.size - k)
-            self._buf[:keep] = self._buf[self._n - keep : self._n]
-            self._n = keep
-        try:
-            self._buf[self._n : self._n + k] = tokens
-        except OverflowError:
-            self._buf[self._n : self._n + k] = context_ids(tokens)
-        self._n += k
-
-    def ids(self) -> np.ndarray:
-        """The window (a view: valid until the next `extend`)."""
+    def ids(self, tokens: Sequence[int]) -> np.ndarray:
+        """The last `size` of `tokens` (the list read before, grown since) as ids: a view,
+        valid until the next call. A list cut back, or grown by more than the window, is
+        read anew."""
+        n = len(tokens)
+        if n < self._seen or n - self._seen > self.size:
+            self._n, self._seen = 0, max(0, n - self.size)
+        if n > self._seen:
+            new = tokens[self._seen :]
+            if self._n + len(new) > len(self._buf):  # what the window still needs: to the front
+                keep = min(self._n, self.size - len(new))
+                self._buf[:keep] = self._buf[self._n - keep : self._n]
+                self._n = keep
+            try:
+                self._buf[self._n : self._n + len(new)] = new
+            except OverflowError:
+                self._buf[self._n : self._n + len(new)] = context_ids(new)
+            self._n += len(new)
+            self._seen = n
         return self._buf[max(0, self._n - self.size) : self._n]
 
 

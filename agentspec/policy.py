@@ -490,7 +490,7 @@ class _Running:
     source: str = ""  # corpus the match came from: S, W, G or B (block history); with
     # choose="expected" its draft_kind
     context: np.ndarray | None = None  # the step's last max_k tokens, as ids to look up
-    window: ContextWindow | None = None  # the tokens absorbed so far, the last max_k as ids
+    window: ContextWindow | None = None  # where the step's context is read
     candidates: list[Candidate] = field(default_factory=list)  # what this step could draft
     sent: Candidate | None = None  # the one it drafted from
     expected: float = 0.0  # the acceptance model's expected accepted tokens of the draft sent
@@ -701,8 +701,7 @@ class Policy:
             if corpus is not None:
                 corpus.flush()
         run = _Running(fed=request.num_prompt)
-        max_k = self.config.max_k
-        run.window = ContextWindow(max_k, request.tokens[max(0, run.fed - max_k) : run.fed])
+        run.window = ContextWindow(self.config.max_k)
         if self.config.session and self.config.lead:
             st.s.end_document()  # (a lead starts a document, glued to no other request's)
             st.s.extend(output_lead(request))
@@ -720,7 +719,6 @@ class Policy:
         if not new:
             return new
         run.fed = len(request.tokens)
-        run.window.extend(new)
         st = self.sessions[request.session]
         if st.unformed:
             self._form(st, request.tokens[-len(new) - 1 :])
@@ -819,7 +817,7 @@ class Policy:
         matches = []
         for r, new in zip(batch, news):
             run = self.running[r.id]
-            run.context = run.window.ids()  # once, for every corpus
+            run.context = run.window.ids(r.tokens)  # once, for every corpus
             followed = self._follow(run, new) if new and cfg.follow else None
             run.looks_up = False
             if followed is None:

@@ -351,18 +351,22 @@ def test_nbytes_and_len(engine):
 
 @pytest.mark.parametrize("size", [1, 3, 8, 64])
 def test_a_context_window_reads_as_the_last_tokens_converted(size):
-    """A step's few tokens at a time, through the buffer's moves to its front and ids that
-    cannot be tokens, the window stays the last `size` tokens as context ids."""
+    """A step's few tokens at a time, through the buffer's moves to its front, ids that
+    cannot be tokens, a list grown by more than the window and one cut back, the window
+    reads as the list's last `size` tokens converted."""
     rng = np.random.default_rng(size)
-    first = rng.integers(0, 1000, int(rng.integers(0, 2 * size))).tolist()
-    window, tokens = ContextWindow(size, first), list(first)
+    tokens = rng.integers(0, 1000, int(rng.integers(0, 2 * size))).tolist()
+    window = ContextWindow(size)
     for _ in range(400):
-        step = rng.integers(0, 1000, int(rng.choice([0, 1, 2, 3, size, 2 * size + 1]))).tolist()
-        if rng.random() < 0.05:
-            step[:1] = [int(rng.choice([-1, 2**31, 2**40]))]
-        window.extend(step)
-        tokens += step
-        ids = window.ids()
+        roll = rng.random()
+        if roll < 0.05:
+            del tokens[int(rng.integers(0, len(tokens) + 1)):]
+        else:
+            step = rng.integers(0, 1000, int(rng.choice([0, 1, 2, 3, size, 2 * size + 1])))
+            tokens += step.tolist()
+            if roll < 0.1 and len(step):
+                tokens[-1] = int(rng.choice([-1, 2**31, 2**40]))
+        ids = window.ids(tokens)
         assert ids.dtype == np.int32 and ids.flags.c_contiguous
         expected = context_ids(tokens[-size:]) if tokens else np.zeros(0, dtype=np.int32)
         # (an id no token can have is "none" to every lookup, whichever negative it reads)
