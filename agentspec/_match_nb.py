@@ -329,7 +329,6 @@ def frequent(s, s_open, open_len, g, with_g, context, pw, levels, mask, want, k,
     classes = np.empty(k, np.int64)
     found[:6] = 0
     scores = np.zeros(2)
-    most, upto = _most_scores(worth, k, min(L, max_context))
     for i in range(len(levels) - 1, -1, -1):
         q = levels[i]
         if q > L or q > max_context:
@@ -337,8 +336,8 @@ def frequent(s, s_open, open_len, g, with_g, context, pw, levels, mask, want, k,
         # each occurrence's context length up to the next level's (or max_context): a path
         # is drafted after every length found, from the occurrences at least that long
         top = min(L, max_context, levels[i + 1] - 1 if i + 1 < len(levels) else L)
-        if scores[0] >= upto[0, top] and scores[1] >= upto[1, top]:
-            break  # no path after at most `top` tokens can score above either draft
+        if scores[0] >= min(top, k) and scores[1] >= min(top, k):  # a path after m tokens
+            break  # has at most m, each no likelier than 1: neither this level nor shorter
         v = _key(ctx, L, q, pw, mask)
         n_s = _recent(s, i, v, ctx, q, out_s)
         n_g = _recent(g, i, v, ctx, q, out_g) if with_g else 0
@@ -352,7 +351,7 @@ def frequent(s, s_open, open_len, g, with_g, context, pw, levels, mask, want, k,
             # tokens lie in the text being written (as a suffix tree over that text counts)
             itself = 1 if m <= open_len else 0
             for d in range(2):  # from s; from outputs (s's open document, then g)
-                if scores[d] >= most[d, m]:  # (no path after m tokens scores above it)
+                if scores[d] >= m:
                     continue
                 r = 0
                 for j in range(n if d else n_s):
@@ -381,32 +380,6 @@ def frequent(s, s_open, open_len, g, with_g, context, pw, levels, mask, want, k,
                     found_tokens[at : at + length] = tokens[:length]
                     found_tokens[at + length : at + 2 * length] = evidence[:length]
                     found_tokens[at + 2 * length : at + 3 * length] = classes[:length]
-
-
-@njit(cache=True)
-def _most_scores(worth, k, top):
-    """(most, upto): most[d, m] bounds what a path from source d after m <= top matched
-    tokens can score, upto[d, m] what one after at most m can, as `frequent` scores them.
-    Without worth a path has at most min(m, k) tokens, each no likelier than 1; with it,
-    each token is taken at its best class's hazard, multiplied and summed in the score's
-    own order, so that no path's score rounds above its bound."""
-    most, upto = np.zeros((2, top + 1)), np.zeros((2, top + 1))
-    last = worth.shape[2] - 1
-    for d in range(2):
-        for m in range(1, top + 1):
-            if worth.shape[0] == 0:
-                most[d, m] = min(m, k)
-            else:
-                reached, score = 1.0, 0.0
-                for j in range(min(m, k)):
-                    best = 0.0
-                    for c in range(worth.shape[1]):
-                        best = max(best, worth[d, c, min(m + j, last)])
-                    reached *= best
-                    score += reached
-                most[d, m] = score
-            upto[d, m] = max(upto[d, m - 1], most[d, m])
-    return most, upto
 
 
 @njit(cache=True)
