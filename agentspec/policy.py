@@ -700,8 +700,7 @@ class Policy:
         for corpus in (st.s, st.w, self.g):
             if corpus is not None:
                 corpus.flush()
-        run = _Running(fed=request.num_prompt)
-        run.window = ContextWindow(self.config.max_k)
+        run = _Running(fed=request.num_prompt, window=ContextWindow(self.config.max_k))
         if self.config.session and self.config.lead:
             st.s.end_document()  # (a lead starts a document, glued to no other request's)
             st.s.extend(output_lead(request))
@@ -725,7 +724,8 @@ class Policy:
         if self.config.session:
             st.s.extend(new)
         # text outside every block is only read where block history is the only source
-        # (elsewhere S holds it already: see _candidates); without a tracker all of it is
+        # (elsewhere S holds it already: see _candidates); without a tracker every token is
+        # outside, so there is nothing to do unless that text is kept
         keep_outside = self.config.isolate_only
         if self.config.isolate and (run.tracker is not None or keep_outside):
             labels = run.tracker.feed(new) if run.tracker else [None] * len(new)

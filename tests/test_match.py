@@ -373,6 +373,7 @@ def test_a_context_window_reads_as_the_last_tokens_converted(size):
         assert ids.shape == expected.shape
         assert (np.maximum(ids, -1) == np.maximum(expected, -1)).all()
 
+
 def test_default_levels():
     assert default_levels(2, 64) == (2, 3, 4, 8, 64)
     assert default_levels(1, 4) == (1, 2, 3, 4)
