@@ -369,8 +369,10 @@ class Corpus:
         self._max_id = -1  # largest token id ever added
         self._dropped = 0  # real tokens evicted so far
         self._nb = _nb
+        self._state: tuple | None = None  # _nb_state, until what it holds changes
         if _nb is not None:
             self._levels_arr = np.array(levels, dtype=np.int64)
+            self._mask = np.uint32(_KEY_MASK)
             self._pack_runs()
 
     # ------------------------------------------------------------------ updates
@@ -449,6 +451,7 @@ class Corpus:
             buf[: self._n] = self._buf[: self._n]
             self._buf = buf
             self._sw = self._windows()
+            self._state = None
         self._buf[self._n:end] = t
         self._n = end
 
@@ -492,7 +495,7 @@ class Corpus:
                 self._tail_prev = _grown(self._tail_prev, size, t0)
         if self._nb is not None:  # (one call: the keys go straight into the tail)
             self._tail_len = self._nb.index_tail(
-                self._buf, a, b, self._pw, self._levels_arr, np.uint32(_KEY_MASK),
+                self._buf, a, b, self._pw, self._levels_arr, self._mask,
                 self._tail_keys, self._tail_pos, t0, *self._chains())
             self._chain_if_long()
         else:
@@ -500,6 +503,7 @@ class Corpus:
             self._tail_len = t0 + len(e)
             self._tail_keys[:, t0 : self._tail_len] = keys
             self._tail_pos[t0 : self._tail_len] = e
+        self._state = None
 
     def _chain_if_long(self) -> None:
         """Chain the tail's entries by key once it holds _CHAIN_FROM (compiled only)."""
@@ -508,6 +512,7 @@ class Corpus:
                                        dtype=np.int32)
             self._tail_prev = np.empty_like(self._tail_keys, dtype=np.int32)
             self._link_tail(self._tail_len)
+            self._state = None
 
     def _chains(self) -> tuple[np.ndarray, np.ndarray]:
         """The tail's chains (head, prev) as the kernels take them."""
@@ -524,7 +529,7 @@ class Corpus:
         """Positions e in [a, b) whose token is real, and their keys at every level (L, n)."""
         if self._nb is not None:
             return self._nb.entry_keys(self._buf, a, b, self._pw, self._levels_arr,
-                                       np.uint32(_KEY_MASK))
+                                       self._mask)
         real = self._buf[a:b] >= 0
         e = np.arange(a, b, dtype=np.int32)[real]
         if b - a <= 32:  # few: one small matrix product
@@ -555,6 +560,7 @@ class Corpus:
         if self._tail_head is not None:
             self._tail_head.fill(-1)
         self._tail_start = end
+        self._state = None
 
     def _push(self, run: _Run) -> None:
         runs = self._runs
@@ -599,6 +605,7 @@ class Corpus:
                 else:
                     k.lo, k.dir = lows_all[start : start + n], dirs_all[d : d + len(k.dir)]
         self._packed = (keys_all, dirs_all, lows_all, pos_all, located)
+        self._state = None
 
     def _evict(self, drop: int) -> None:
         """Drop the oldest `drop` real tokens (and whatever index entries saw them)."""
@@ -645,6 +652,7 @@ class Corpus:
         self._bounds = [x - shift for x in bounds if x >= cut]
         self._dropped += drop
         self._held -= drop
+        self._state = None
 
     # ------------------------------------------------------------------ lookup
 
@@ -657,7 +665,7 @@ class Corpus:
                 return NO_MATCH
             return self.looked_up(*self._nb.lookup(
                 self._nb_state(), ctx, self._pw, self._levels_arr, self._first,
-                np.uint32(_KEY_MASK), self.max_candidates, *window, self._n))
+                self._mask, self.max_candidates, *window, self._n))
         if self._n > self._indexed:
             self.flush()
         L = len(ctx)
@@ -701,7 +709,8 @@ class Corpus:
     def looked_up(self, m: int, chosen: int, n_cand: int, members: int, agreed: int, n: int,
                   tail_len: int) -> Match:
         """The Match of `_match_nb.lookup`'s answer (see `_lookup_window`, `copy_lookup`)."""
-        self._tail_len = tail_len
+        if tail_len != self._tail_len:
+            self._tail_len, self._state = tail_len, None
         self._chain_if_long()
         if not m:
             return NO_MATCH
@@ -728,9 +737,12 @@ class Corpus:
         return self._bounds[-1] + 1 if self._bounds else self._W
 
     def _nb_state(self) -> tuple:
-        """This corpus as the kernels read it (`_match_nb`'s corpus tuple)."""
-        return (*self._packed, self._tail_keys, self._tail_pos, self._tail_len, *self._chains(),
-                self._buf)
+        """This corpus as the kernels read it (`_match_nb`'s corpus tuple); kept until an
+        array in it is replaced or the tail's length changes (where `_state` is reset)."""
+        if self._state is None:
+            self._state = (*self._packed, self._tail_keys, self._tail_pos, self._tail_len,
+                           *self._chains(), self._buf)
+        return self._state
 
     def _context(self, context) -> np.ndarray:
         """The last max_match ids as int32 (see `context_ids`)."""
@@ -1071,7 +1083,7 @@ def _frequent_args(session: Corpus, outputs: Corpus | None, ctx: np.ndarray, k: 
     s_open = session._open_start()
     g = outputs if outputs is not None else session
     return (session._nb_state(), s_open, session._n - s_open, g._nb_state(),
-            outputs is not None, ctx, session._pw, session._levels_arr, np.uint32(_KEY_MASK),
+            outputs is not None, ctx, session._pw, session._levels_arr, session._mask,
             occurrences, k, max_context, min_prob, SHARE_EDGES, EVIDENCE_EDGES,
             _NO_WORTH if worth is None else worth)
 

@@ -187,6 +187,11 @@ def _run_ops(cfg, ops, k, dir_min):
             assert got == want, (ctx, ref.stream)
             assert corpus.match(np.array(ctx, dtype=np.int64), k) == want
         assert len(corpus) == sum(t is not None for t in ref.stream)
+        if corpus._nb is not None:  # the kernels' tuple, kept from the op before, is today's
+            now = (*corpus._packed, corpus._tail_keys, corpus._tail_pos, corpus._tail_len,
+                   *corpus._chains(), corpus._buf)
+            kept = corpus._nb_state()
+            assert len(kept) == len(now) and all(a is b or a == b for a, b in zip(kept, now))
 
 
 SETTINGS = settings(max_examples=250, deadline=None,
