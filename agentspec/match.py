@@ -1103,12 +1103,15 @@ def _found_draft(found: np.ndarray, found_tokens: np.ndarray, header: list, d: i
 _buffers = threading.local()
 
 
-def frequent_buffers(k: int) -> tuple[np.ndarray, np.ndarray]:
-    """Where the compiled search writes its drafts of at most k tokens (read out at once,
-    so one pair per k and thread serves every call)."""
+def frequent_buffers(k: int, shared: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """Where the compiled search writes its drafts of at most k tokens: a pair per k and
+    thread, for a caller that reads them out at once, else (`shared` False) a pair of its
+    own."""
+    if not shared:
+        return np.empty(6 + 2 * k), np.empty(6 * k, dtype=np.int64)
     pairs = _buffers.__dict__
     if k not in pairs:
-        pairs[k] = (np.empty(6 + 2 * k), np.empty(6 * k, dtype=np.int64))
+        pairs[k] = frequent_buffers(k, shared=False)
     return pairs[k]
 
 

@@ -237,9 +237,12 @@ class CostAware:
         S where the policy left it to the plan (see `Policy.propose`)."""
         max_k, acceptance = policy.config.max_k, policy.acceptance
         s = policy.sessions[r.session].s
-        if run.buffers is None:
-            run.buffers = tuple(np.empty(n, dtype=np.int64) for n in (max_k + 1, max_k) * 2)
-        ids, rows, copy_ids, copy_rows = run.buffers
+        if run.buffers is None:  # (and the sent ratios' keys and slots: its role's)
+            keys = _sent_keys(r.role)
+            run.buffers = (*(np.empty(n, dtype=np.int64) for n in (max_k + 1, max_k) * 2),
+                           *frequent_buffers(max_k, shared=False), keys,
+                           acceptance.ratio_slots(keys))
+        ids, rows, copy_ids, copy_rows, found, found_tokens, keys, slots = run.buffers
         ids[0] = r.tokens[-1] if r.tokens else 0  # the token the drafts follow
         if run.looks_up:  # (first: the lookup indexes the step's tokens, the search reads them)
             look, copy = copy_lookup(s, run.context, max_k), None
@@ -251,12 +254,10 @@ class CostAware:
                 copy_ids = copy.ids if self.token_bias else draft_ids(ids[0], copy.tokens)
         search = self.frequency and policy.config.session
         run.worth = policy.path_worth(r.role) if search and self.learned_paths else None
-        keys = _sent_keys(r.role)
-        slots = acceptance.ratio_slots(keys)
         sent, n, gain, length, path_m, depth, sent_length, looked = _nb.plan_request(
             *frequent_search(s, policy.g, run.context if search else NO_CONTEXT, max_k,
                              run.worth),
-            *frequent_buffers(max_k), self.session_text, policy.frequency_kind_array,
+            found, found_tokens, self.session_text, policy.frequency_kind_array,
             policy.token_classes, *acceptance.kernel_tables(r.role), self.token_bias, costs,
             *look, policy.copy_kinds, policy.config.follow, copy.m if copy else 0, copy_rows,
             copy_ids, TOKEN_CLASSES if self.agreement else 0, acceptance.rate,
@@ -497,9 +498,10 @@ class _Running:
     sent_key: str = ""  # whose sent ratio priced it (`sent_key`, a "+" per extension)
     worth: np.ndarray | None = None  # Policy.path_worth, as this step's frequency paths read it
     looks_up: bool = False  # the step's copy is looked up by the compiled plan (see propose)
-    # where the compiled plan writes its candidates' ids and rows (path, then copy): a
-    # step's candidates are read only until the next step plans
-    buffers: tuple[np.ndarray, ...] | None = None
+    # where the compiled plan writes its candidates' ids and rows (path, then copy; a
+    # step's candidates are read only until the next step plans) and its search's drafts,
+    # with the sent ratios' keys of the request's role and their slots
+    buffers: tuple | None = None
 
 
 @dataclass
