@@ -19,12 +19,12 @@ _NO_IDS = np.zeros(0, dtype=np.int64)
 
 @njit(cache=True)
 def plan_request(s, s_open, open_len, g, with_g, context, pw, levels, mask, want, max_k,
-                 max_context, min_prob, share_edges, evidence_edges, worth, found,
-                 found_tokens, session_text, kind_tables, token_classes, t, h, kt, kh, pt, ph,
-                 bin_of, width, pad, kind_shift, weight, bias, bits, with_ids, costs,
-                 look_context, first, candidates, look_k, a, b, copy_kinds, repeat, copy_m,
-                 copy_rows, copy_ids, agreeing, rate, ratios, slots, gain, extensions, ids,
-                 rows):
+                 max_context, min_prob, share_edges, evidence_edges, worth,
+                 t, h, kt, kh, pt, ph, bin_of, width, pad, kind_shift, weight, bias, bits,
+                 session_text, kind_tables, token_classes, with_ids, copy_kinds, repeat,
+                 agreeing, extensions,
+                 costs, look_context, first, candidates, look_k, a, b, copy_m, copy_rows,
+                 copy_ids, rate, ratios, slots, gain, found, found_tokens, ids, rows):
     """CostAware.drafts for one request: the copy (copy_m: its context length, 0: none;
     copy_rows as its Candidate holds them, copy_ids the token before it and its tokens,
     read for offsets with `with_ids`) and the frequency path after `context`
@@ -45,7 +45,11 @@ def plan_request(s, s_open, open_len, g, with_g, context, pw, levels, mask, want
     With look_k > 0 the copy is looked up in s here first (`Corpus.match`, from
     `match.copy_lookup`: look_context, first, candidates, look_k, a, b), as the policy's
     retrieval does when s is its only source, and written into copy_rows and copy_ids (of
-    max_k and 1 + max_k) by `_write_copy`."""
+    max_k and 1 + max_k) by `_write_copy`.
+
+    Its arguments come in groups, each made whole by the caller: the search's
+    (`match.frequent_search`), the role's tables (`AcceptanceModel.kernel_tables`), the
+    policy's constants (`Policy.plan_constants`), then the step's own."""
     looked = (0, 0, 0, 0, 0, 0, s[TAIL_LEN])
     if look_k > 0:
         looked = lookup(s, look_context, pw, levels, first, mask, candidates, look_k, a, b)

@@ -257,12 +257,9 @@ class CostAware:
         sent, n, gain, length, path_m, depth, sent_length, looked = _nb.plan_request(
             *frequent_search(s, policy.g, run.context if search else NO_CONTEXT, max_k,
                              run.worth),
-            found, found_tokens, self.session_text, policy.frequency_kind_array,
-            policy.token_classes, *acceptance.kernel_tables(r.role), self.token_bias, costs,
-            *look, policy.copy_kinds, policy.config.follow, copy.m if copy else 0, copy_rows,
-            copy_ids, TOKEN_CLASSES if self.agreement else 0, acceptance.rate,
-            acceptance.ratios, slots, -np.inf if padded else 0.0,
-            EXTENSIONS if self.extend else 0, ids, rows)
+            *acceptance.kernel_tables(r.role), *policy.plan_constants, costs, *look,
+            copy.m if copy else 0, copy_rows, copy_ids, acceptance.rate, acceptance.ratios,
+            slots, -np.inf if padded else 0.0, found, found_tokens, ids, rows)
         if run.looks_up:  # what retrieval would have found: S's match, chosen as it is
             run.match = policy.repeated(s, s.looked_up(*looked), max_k)
             if run.match.length:
@@ -658,6 +655,11 @@ class Policy:
         # whether a compiled plan may: MostExpected takes a lone match as it is
         self._lookup_in_plan = isinstance(config.length, CostAware) \
             and isinstance(config.choose, MostExpected)
+        # what every compiled plan reads of the policy, in `_policy_nb.plan_request`'s order
+        self.plan_constants = (cost.session_text, self.frequency_kind_array, self.token_classes,
+                               cost.token_bias, self.copy_kinds, config.follow,
+                               TOKEN_CLASSES if cost.agreement else 0,
+                               EXTENSIONS if cost.extend else 0)
         warm_up(token_bytes)
 
     def _corpus(self, max_tokens: int) -> Corpus:
