@@ -11,7 +11,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from agentspec._accept_nb import best_length
+from agentspec._accept_nb import best_length, observe
+from agentspec.allocator import DECAY
 from agentspec._match_nb import BUF, TAIL_LEN, frequent_candidate, lookup, with_tail
 
 _NO_IDS = np.zeros(0, dtype=np.int64)
@@ -21,10 +22,12 @@ _NO_IDS = np.zeros(0, dtype=np.int64)
 def plan_request(s, s_open, open_len, g, with_g, context, pw, levels, mask, want, max_k,
                  max_context, min_prob, share_edges, evidence_edges, worth,
                  t, h, kt, kh, pt, ph, bin_of, width, pad, kind_shift, weight, bias, bits,
+                 spread, window, bias_rate, calibrate, rate_sums,
                  session_text, kind_tables, token_classes, with_ids, copy_kinds, repeat,
                  agreeing, extensions,
-                 costs, look_context, first, candidates, look_k, a, b, copy_m, copy_rows,
-                 copy_ids, rate, ratios, slots, gain, found, found_tokens, ids, rows):
+                 learned, costs, look_context, first, candidates, look_k, a, b, copy_m,
+                 copy_rows, copy_ids, before, ratios, sent_sums, slots, gain, found,
+                 found_tokens, ids, rows):
     """CostAware.drafts for one request: the copy (copy_m: its context length, 0: none;
     copy_rows as its Candidate holds them, copy_ids the token before it and its tokens,
     read for offsets with `with_ids`) and the frequency path after `context`
@@ -47,9 +50,20 @@ def plan_request(s, s_open, open_len, g, with_g, context, pw, levels, mask, want
     retrieval does when s is its only source, and written into copy_rows and copy_ids (of
     max_k and 1 + max_k) by `_write_copy`.
 
+    First it learns what the request's last step showed (`learned`, see `_learn`; its
+    candidates may lie in ids, rows, copy_ids and copy_rows, which the plan then writes
+    over), and R (`rate_sums`) and the sent ratios (`ratios`, `sent_sums`) it prices with
+    are read after that. ids[0] becomes `before`, the token the drafts follow.
+
     Its arguments come in groups, each made whole by the caller: the search's
-    (`match.frequent_search`), the role's tables (`AcceptanceModel.kernel_tables`), the
-    policy's constants (`Policy.plan_constants`), then the step's own."""
+    (`match.frequent_search`), the role's tables and what learning reads
+    (`AcceptanceModel.kernel_tables`), the policy's constants (`Policy.plan_constants`),
+    then the step's own."""
+    if learned[0] >= 0:
+        _learn(t, h, kt, kh, pt, ph, bin_of, width, pad, kind_shift, weight, bias, bits,
+               spread, window, bias_rate, calibrate, rate_sums, ratios, sent_sums, learned)
+    rate = max(1.0, rate_sums[0] / rate_sums[1])
+    ids[0] = before
     looked = (0, 0, 0, 0, 0, 0, s[TAIL_LEN])
     if look_k > 0:
         looked = lookup(s, look_context, pw, levels, first, mask, candidates, look_k, a, b)
@@ -110,6 +124,29 @@ def plan_request(s, s_open, open_len, g, with_g, context, pw, levels, mask, want
             break
         n, gain, depth, sent_length = e_n, e_gain, d + 1, length
     return sent, n, gain, length, m, depth, sent_length, looked
+
+
+@njit(cache=True)
+def _learn(t, h, kt, kh, pt, ph, bin_of, width, pad, kind_shift, weight, bias, bits, spread,
+           window, bias_rate, calibrate, rate_sums, ratios, sent_sums, learned):
+    """`CostAware.learn` of a step: learned = (drafted, accepted, what the draft cost,
+    the sent ratio's slot, the tokens it expected accepted, then for each of two
+    candidates scored (m = 0: none) its m, rows, ids, known and matched, as
+    `AcceptanceModel.observe` takes them). In the same order: each candidate observed,
+    the row charged to R, the draft's sent ratio moved."""
+    drafted, accepted, cost, slot, expected = learned[:5]
+    for m, c_rows, c_ids, known, matched in (learned[5:10], learned[10:15]):
+        reached = min(matched + 1, known)
+        if reached > 0 and m > 0:
+            observe(t, h, kt, kh, pt, ph, c_rows[:reached], m, reached, matched, bin_of,
+                    width, pad, kind_shift, spread, window, weight, bias, c_ids, bits,
+                    bias_rate)
+    rate_sums[0] = rate_sums[0] * DECAY + accepted + 1
+    rate_sums[1] = rate_sums[1] * DECAY + 1 + cost
+    if drafted and calibrate:
+        sent_sums[slot, 0] = sent_sums[slot, 0] * DECAY + expected
+        sent_sums[slot, 1] = sent_sums[slot, 1] * DECAY + accepted
+        ratios[slot] = min(2.0, max(0.5, sent_sums[slot, 0] / sent_sums[slot, 1]))
 
 
 @njit(cache=True)

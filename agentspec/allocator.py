@@ -54,6 +54,7 @@ def agentspec_lengths(cands: Sequence[tuple[int, int, int] | None], alpha: float
 
 COPY_BINS = 64
 SENT_PRIOR = 20.0  # pseudo-tokens behind a sent ratio before its first drafts
+DECAY = 0.999  # what R's sums and the sent ratios' keep of their past at each row verified
 
 
 def copy_bin(length: int) -> int:
@@ -221,12 +222,13 @@ class AcceptanceModel:
         self.by_kind: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         self.by_row: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         self._args: dict[str, tuple] = {}  # per role: (kinds then, the kernels' tables)
-        self.tokens = self.cost = 1.0  # decayed sums behind the running speedup R
-        self.sent: dict[str, tuple[float, float]] = {}  # see sent_ratio
+        self.rate_sums = np.ones(2)  # decayed (tokens, cost) behind the running speedup R
         # sent_ratio of each key, as every plan reads it: key -> slot in ratios (1 where
-        # nothing was sent yet), and the slots of each tuple of keys (ratio_slots)
+        # nothing was sent yet) and in sent_sums (decayed predicted and accepted tokens),
+        # and the slots of each tuple of keys (ratio_slots)
         self._slot: dict[str, int] = {}
         self.ratios = np.ones(8)
+        self.sent_sums = np.full((8, 2), SENT_PRIOR)
         self._slots: dict[tuple[str, ...], np.ndarray] = {}
         self.bias = np.zeros(3 << BIAS_BITS)  # the draft tokens' logit offsets (token_keys)
         self.calibrate_sent = calibrate_sent
@@ -236,7 +238,7 @@ class AcceptanceModel:
         """R: tokens per plain decode step of cost, recently, and never below 1: drafting
         nothing already makes 1, so a worse recent rate must not make drafts look cheaper
         (which would lengthen the very drafts that brought it down)."""
-        return max(1.0, self.tokens / self.cost)
+        return max(1.0, float(self.rate_sums[0] / self.rate_sums[1]))
 
     def sent_ratio(self, key: str) -> float:
         """Predicted over accepted tokens of the drafts sent under `key` (the policy's: a
@@ -248,29 +250,26 @@ class AcceptanceModel:
         slot = self._slot.get(key)
         return 1.0 if slot is None else float(self.ratios[slot])
 
-    def observe_sent(self, key: str, predicted: float, accepted: int,
-                     decay: float = 0.999) -> None:
+    def observe_sent(self, key: str, predicted: float, accepted: int) -> None:
         """A draft sent under `key`, `predicted` tokens expected, took `accepted`."""
         if self.calibrate_sent:
-            p, a = self.sent.get(key, (SENT_PRIOR, SENT_PRIOR))
-            p, a = p * decay + predicted, a * decay + accepted
-            self.sent[key] = (p, a)
-            self._set_ratio(key, p, a)
-
-    def _set_ratio(self, key: str, predicted: float, accepted: float) -> None:
-        slot = self._slot.get(key)
-        if slot is None:
-            slot = self.ratio_slots((key,))[0]
-        self.ratios[slot] = min(2.0, max(0.5, predicted / accepted))
+            slot = self._slot.get(key)
+            if slot is None:
+                slot = self.ratio_slots((key,))[0]
+            sums = self.sent_sums[slot]
+            sums[0] = sums[0] * DECAY + predicted
+            sums[1] = sums[1] * DECAY + accepted
+            self.ratios[slot] = min(2.0, max(0.5, sums[0] / sums[1]))
 
     def planning_rate(self, key: str) -> float:
         """What a plan prices a step's worth at, in tokens: R, times the sent ratio."""
         return self.rate * self.sent_ratio(key)
 
-    def charge(self, cost: float, accepted: int, decay: float = 0.999) -> None:
+    def charge(self, cost: float, accepted: int) -> None:
         """One verified row: it cost 1 + `cost` steps and produced accepted + 1 tokens."""
-        self.tokens = self.tokens * decay + accepted + 1
-        self.cost = self.cost * decay + 1 + cost
+        sums = self.rate_sums
+        sums[0] = sums[0] * DECAY + accepted + 1
+        sums[1] = sums[1] * DECAY + 1 + cost
 
     # --- what it learned, kept across runs (agentspec.state) ------------------------------
     def state(self) -> dict[str, np.ndarray]:
@@ -280,9 +279,9 @@ class AcceptanceModel:
         roles = sorted(self.pool.keys() | self.by_kind.keys() | self.by_row.keys())
         state = {"kinds": np.array(list(self.kinds), dtype=str),
                  "roles": np.array(roles, dtype=str), "bias": self.bias.copy(),
-                 "rate": np.array([self.tokens, self.cost]),
-                 "sent_keys": np.array(list(self.sent), dtype=str),
-                 "sent": np.array(list(self.sent.values()), dtype=np.float64).reshape(-1, 2)}
+                 "rate": self.rate_sums.copy(),
+                 "sent_keys": np.array(list(self._slot), dtype=str),
+                 "sent": self.sent_sums[: len(self._slot)].copy()}
         for i, role in enumerate(roles):
             for name, tables in (("pool", self.pool), ("kind", self.by_kind),
                                  ("row", self.by_row)):
@@ -324,11 +323,11 @@ class AcceptanceModel:
         self.pool, self.by_kind, self.by_row = tables["pool"], tables["kind"], tables["row"]
         self._args.clear()
         self.bias = state["bias"].astype(np.float64)
-        self.tokens, self.cost = (float(x) for x in state["rate"])
-        self.sent = {}
-        for key, (predicted, accepted) in zip((str(k) for k in state["sent_keys"]), sent):
-            self.sent[key] = (float(predicted), float(accepted))
-            self._set_ratio(key, predicted, accepted)
+        self.rate_sums[:] = state["rate"]
+        for key, sums in zip((str(k) for k in state["sent_keys"]), sent):
+            slot = self.ratio_slots((key,))[0]
+            self.sent_sums[slot] = sums
+            self.ratios[slot] = min(2.0, max(0.5, sums[0] / sums[1]))
 
     def _pooled(self, role: str) -> tuple[np.ndarray, np.ndarray]:
         """The role's counts over every kind, starting from the profile's prior."""
@@ -385,7 +384,9 @@ class AcceptanceModel:
     def kernel_tables(self, role: str) -> tuple:
         """What the planning kernel `_accept_nb.best_length` reads of the role's model, in its
         order, before the draft's rows (for a kernel that plans drafts itself: make every
-        kind its rows use first)."""
+        kind its rows use first), then what a kernel that also learns from a step reads
+        (`_policy_nb.plan_request`): the spread of a count, the window, the offsets' step,
+        whether sent ratios are learned and R's sums."""
         return self._kernel_state(role)[2]
 
     def _kernel_state(self, role: str) -> tuple:
@@ -396,7 +397,8 @@ class AcceptanceModel:
             tables = (*self._tables(role), *self._pooled(role))
             state = self._args[role] = (len(self.kinds), tables, (
                 *tables, _BIN_OF, _WIDTH, _PAD, KIND_SHIFT, self.source_weight, self.bias,
-                BIAS_BITS))
+                BIAS_BITS, _SPREAD, self.window, BIAS_RATE, self.calibrate_sent,
+                self.rate_sums))
         return state
 
     def ratio_slots(self, keys: tuple[str, ...]) -> np.ndarray:
@@ -408,7 +410,9 @@ class AcceptanceModel:
                 if key not in self._slot:
                     self._slot[key] = len(self._slot)
             if len(self._slot) > len(self.ratios):
-                self.ratios = np.concatenate((self.ratios, np.ones(len(self._slot))))
+                grow = len(self._slot)
+                self.ratios = np.concatenate((self.ratios, np.ones(grow)))
+                self.sent_sums = np.concatenate((self.sent_sums, np.full((grow, 2), SENT_PRIOR)))
             slots = self._slots[keys] = np.array([self._slot[key] for key in keys])
         return slots
 

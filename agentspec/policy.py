@@ -73,6 +73,8 @@ _kernels_ready = False  # see warm_up
 NO_ROWS = np.zeros(0, dtype=np.int64)  # (a frequency path that continues none)
 NO_CONTEXT = np.zeros(0, dtype=np.int32)  # (no frequency search)
 NO_LOOKUP = (NO_CONTEXT, 0, 1, 0, 0, 0)  # (match.copy_lookup's form: no lookup)
+NO_SCORE = (0, NO_ROWS, NO_IDS, 0, 0)  # (no candidate to learn from)
+NO_LEARNING = (-1, 0, 0.0, 0, 0.0, *NO_SCORE, *NO_SCORE)  # (nothing kept to learn)
 
 
 def _check(strategy, field_: str, ok: bool, why: str) -> None:
@@ -201,6 +203,8 @@ class CostAware:
               padded: bool) -> tuple[list[int], float]:
         """This step's candidates, and the draft that gains most with its gain (the numpy
         engine's; `_policy_nb.plan_request` is the same in one compiled call)."""
+        if run.pending is not None:
+            self.learn(policy, run)
         run.candidates = self._candidates(policy, r, m, run)
         if self.agreement and len(run.candidates) == 2:
             run.candidates = agreed(*run.candidates)
@@ -243,7 +247,12 @@ class CostAware:
                            *frequent_buffers(max_k, shared=False), keys,
                            acceptance.ratio_slots(keys))
         ids, rows, copy_ids, copy_rows, found, found_tokens, keys, slots = run.buffers
-        ids[0] = r.tokens[-1] if r.tokens else 0  # the token the drafts follow
+        search = self.frequency and policy.config.session
+        if run.pending is not None and search and self.learned_paths \
+                and policy.worth_due(r.role):  # (the worth read must see what it learns)
+            self.learn(policy, run)
+        learned = self._learned(policy, run)  # (first: its candidates may lie in the buffers)
+        before = r.tokens[-1] if r.tokens else 0  # the token the drafts follow
         if run.looks_up:  # (first: the lookup indexes the step's tokens, the search reads them)
             look, copy = copy_lookup(s, run.context, max_k), None
         else:
@@ -251,15 +260,15 @@ class CostAware:
             copy_rows, copy_ids = NO_ROWS, NO_IDS
             if copy:  # (the plan reads the copy's tokens in its ids, offsets or not)
                 copy_rows = copy.rows
-                copy_ids = copy.ids if self.token_bias else draft_ids(ids[0], copy.tokens)
-        search = self.frequency and policy.config.session
+                copy_ids = copy.ids if self.token_bias else draft_ids(before, copy.tokens)
         run.worth = policy.path_worth(r.role) if search and self.learned_paths else None
         sent, n, gain, length, path_m, depth, sent_length, looked = _nb.plan_request(
             *frequent_search(s, policy.g, run.context if search else NO_CONTEXT, max_k,
                              run.worth),
-            *acceptance.kernel_tables(r.role), *policy.plan_constants, costs, *look,
-            copy.m if copy else 0, copy_rows, copy_ids, acceptance.rate, acceptance.ratios,
-            slots, -np.inf if padded else 0.0, found, found_tokens, ids, rows)
+            *acceptance.kernel_tables(r.role), *policy.plan_constants, learned, costs, *look,
+            copy.m if copy else 0, copy_rows, copy_ids, before, acceptance.ratios,
+            acceptance.sent_sums, slots, -np.inf if padded else 0.0, found, found_tokens, ids,
+            rows)
         if run.looks_up:  # what retrieval would have found: S's match, chosen as it is
             run.match = policy.repeated(s, s.looked_up(*looked), max_k)
             if run.match.length:
@@ -350,18 +359,45 @@ class CostAware:
         return Candidate(tokens, m, rows, ids)
 
     def observe(self, policy: Policy, request: Request, drafted: int, accepted: int) -> None:
-        # candidates are scored against what the target wrote: all of them, drafted or not
-        # (score_all), or the draft sent, up to the target's token after it
+        """Keeps what the step showed (the tokens the target wrote) for the request's next
+        plan, which learns it first: the compiled plan in its own call, where learning it
+        here took a kernel call per candidate and most of observe's time. At batch 1 that
+        is the same order; in a batch, a row learns its last step just before it plans.
+        `Policy.finish` and `Policy.state` learn what is still kept."""
         run = policy.running[request.id]
-        revealed = request.tokens[run.fed:]
-        scores = run.candidates if self.score_all else \
-            [replace(run.sent, tokens=run.sent.tokens[:drafted + 1])] if run.sent else []
-        for c in scores:
-            policy.acceptance.observe(request.role, c.m, *scored(c.tokens, revealed), c.rows,
-                                      c.ids)
+        if run.pending is not None:  # (observed twice without a plan between)
+            self.learn(policy, run)
+        run.pending = (request.role, drafted, accepted, request.tokens[run.fed:])
+
+    def learn(self, policy: Policy, run: _Running) -> None:
+        """Learn from the request's last step (`run.pending`): its candidates scored, the row
+        charged to R, the draft's sent ratio moved."""
+        role, drafted, accepted, revealed = run.pending
+        run.pending = None
+        for m, rows, ids, known, matched in self._scored(run, drafted, revealed):
+            policy.acceptance.observe(role, m, known, matched, rows, ids)
         policy.acceptance.charge(run.cost, accepted)
         if drafted:
             policy.acceptance.observe_sent(run.sent_key, run.expected, accepted)
+
+    def _scored(self, run: _Running, drafted: int, revealed: list[int]) -> list[tuple]:
+        """The step's candidates scored against what the target wrote, as (m, rows, ids,
+        known, matched): all of them, drafted or not (score_all), or the draft sent, up to
+        the target's token after it."""
+        scores = run.candidates if self.score_all else [run.sent] if run.sent else []
+        cut = None if self.score_all else drafted + 1
+        return [(c.m, c.rows, c.ids, *scored(c.tokens[:cut], revealed)) for c in scores]
+
+    def _learned(self, policy: Policy, run: _Running) -> tuple:
+        """`learn`'s work as the compiled plan does it (`_policy_nb._learn`'s `learned`);
+        nothing kept: drafted -1."""
+        if run.pending is None:
+            return NO_LEARNING
+        _, drafted, accepted, revealed = run.pending
+        run.pending = None
+        scores = (*self._scored(run, drafted, revealed), NO_SCORE, NO_SCORE)
+        slot = policy.acceptance.ratio_slots((run.sent_key,))[0] if drafted else 0
+        return (drafted, accepted, run.cost, slot, run.expected, *scores[0], *scores[1])
 
 
 def common_width(policy: Policy, batch: Sequence[Request], costs: np.ndarray) -> int:
@@ -495,6 +531,8 @@ class _Running:
     sent_key: str = ""  # whose sent ratio priced it (`sent_key`, a "+" per extension)
     worth: np.ndarray | None = None  # Policy.path_worth, as this step's frequency paths read it
     looks_up: bool = False  # the step's copy is looked up by the compiled plan (see propose)
+    # what the last step showed, until the next plan learns it (CostAware.observe)
+    pending: tuple | None = None
     # where the compiled plan writes its candidates' ids and rows (path, then copy; a
     # step's candidates are read only until the next step plans) and its search's drafts,
     # with the sent ratios' keys of the request's role and their slots
@@ -853,20 +891,27 @@ class Policy:
         """What a frequency path's token is worth to the served model, by source (session
         text, all outputs), frequency class and matched length: the acceptance model's kind
         curves, read again every WORTH_EVERY steps of a role (they move slowly)."""
-        aged = self._worth.get(role)
-        if aged is None or aged[0] >= WORTH_EVERY:
+        if self.worth_due(role):
             lengths = self.config.max_k + 1
-            aged = self._worth[role] = [0, np.stack(
+            self._worth[role] = [0, np.stack(
                 [self.acceptance.kind_hazards(role, kinds, lengths) for kinds in
                  (self.session_frequency_kinds, self.frequency_kinds)])]
+        aged = self._worth[role]
         aged[0] += 1  # (a list: a step counts its read in place)
         return aged[1]
+
+    def worth_due(self, role: str) -> bool:
+        """Whether the role's next `path_worth` reads its curves anew."""
+        aged = self._worth.get(role)
+        return aged is None or aged[0] >= WORTH_EVERY
 
     def observe(self, request: Request, drafted: int, accepted: int) -> None:
         self.config.length.observe(self, request, drafted, accepted)
 
     def finish(self, request: Request) -> None:
         run = self.running.pop(request.id)
+        if run.pending is not None:
+            self.config.length.learn(self, run)
         self._absorb(request, run)
         st = self.sessions[request.session]
         st.s.end_document()
@@ -884,7 +929,11 @@ class Policy:
     def state(self) -> dict[str, np.ndarray]:
         """What this policy learned that outlives its sessions: the acceptance model, the
         engine's step costs, the outputs G holds, and the path worth each role last read
-        (with its age: a restored policy drafts exactly as this one would go on to)."""
+        (with its age: a restored policy drafts exactly as this one would go on to). What
+        running requests' last steps showed is learned first."""
+        for run in self.running.values():
+            if run.pending is not None:
+                self.config.length.learn(self, run)
         state = {f"acceptance/{k}": v for k, v in self.acceptance.state().items()}
         state.update({f"costs/{k}": v for k, v in self.costs.state().items()})
         if self.g is not None:

@@ -183,7 +183,9 @@ def test_full_drafts_what_past_outputs_say_when_nothing_can_be_copied():
     assert p.global_seed_outputs == 3
     r.tokens += draft + [99]
     p.observe(r, len(draft), len(draft))
-    # the candidate was scored against what the target wrote
+    # the candidate was scored against what the target wrote, once the next step plans
+    assert p.acceptance.by_row["code"][0].sum() == 0
+    p.propose([r])
     assert p.acceptance.by_row["code"][0].sum() > 0
     # without the frequency draft, G is copied from as the other corpora are
     p = Policy(ladder()["full-no-frequency"], global_seed=seed)
@@ -210,6 +212,7 @@ def test_a_frequency_path_drafted_to_its_end_is_continued_by_the_path_after_it()
     assert not names[0].startswith("+") and all(n.startswith("+F") for n in names[3:])
     r.tokens += [8, 9, 10, 11, 12, 99]
     p.observe(r, len(draft), len(draft))
+    p.finish(r)  # (it learns what the request's last step showed)
     continued = p.acceptance.kinds[names[3]] * MODIFIERS
     t, h = p.acceptance.by_row["code"]
     width = len(t) // (len(p.acceptance.kinds) * MODIFIERS)

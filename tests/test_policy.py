@@ -644,7 +644,37 @@ def test_the_compiled_plan_drafts_as_the_reference(name, padded):
                 p.finish(r)
     assert continued > 0 and looked_up == {True, False} and {"S", "B", "W"} <= sources
     assert said == {ALONE, AGREES, DIFFERS}  # (every rung here has agreement)
-    assert np.array_equal(policies[0].acceptance.bias, policies[1].acceptance.bias)
+    # and both learned alike: the kernel from inside the next plan, Python before it
+    a, b = (p.acceptance for p in policies)
+    assert np.array_equal(a.bias, b.bias) and np.array_equal(a.rate_sums, b.rate_sums)
+    assert all(a.sent_ratio(key) == b.sent_ratio(key) for key in a._slot | b._slot)
+    assert all(np.array_equal(x, y) for x, y in zip(a.by_row["code"], b.by_row["code"]))
+
+
+def test_a_step_is_learned_by_the_next_plan_or_when_its_state_is_read():
+    # observe keeps what the target wrote; the request's next plan learns it first (the
+    # compiled plan in its own call), and so do state() and finish() where none comes
+    seed = [[5, 6, 7, 8, 9, 10, 11, 12]] * 3
+    for read in ("propose", "state", "finish"):
+        p = Policy(ladder()["full"], global_seed=seed)
+        r = request("r", "A", [1, 2, 3, 5, 6, 7])
+        p.start(r)
+        draft = p.propose([r])[0]
+        assert draft
+        sums = p.acceptance.rate_sums.copy()
+        r.tokens += draft + [99]
+        p.observe(r, len(draft), len(draft))
+        assert np.array_equal(p.acceptance.rate_sums, sums)  # (kept, not learned yet)
+        if read == "propose":
+            p.propose([r])
+            assert p.running["r"].pending is None
+        elif read == "state":
+            rate = p.state()["acceptance/rate"]
+            assert not np.array_equal(rate, sums) and p.running["r"].pending is None
+        else:
+            p.finish(r)
+        # R was charged for the row: len(draft) accepted, one more token written
+        assert p.acceptance.rate_sums[0] == sums[0] * 0.999 + len(draft) + 1
 
 
 @pytest.mark.parametrize("how", ["no numba", "env"])

@@ -24,9 +24,10 @@ def test_the_kernels_of_propose_and_observe_are_part_of_the_step(step_profile, t
                                 "--json", str(tmp_path / "p.json")])
     assert [m._nb for m in (policy, allocator, match)] == modules  # (put back)
     assert report["compiled"] and report["request_steps"] > 0
-    # every step plans in one kernel call; scoring calls the acceptance model's
+    # every step plans, and learns what the step before showed, in one kernel call; a
+    # request's last step is learned as it finishes
     assert report["kernels"]["plan_request"]["calls"] == pytest.approx(1.0)
-    assert report["kernels"]["observe"]["calls"] > 0
+    assert report["kernels_between_steps"]["observe"]["calls"] > 0
     # what numba's dispatch of their arguments alone cost a call, for every kernel in steps
     assert all(k["dispatch_us"] > 0 for k in report["kernels"].values())
     assert report["kernels_us_per_step"] == pytest.approx(
