@@ -12,8 +12,8 @@ import numpy as np
 from numba import njit
 
 from agentspec._accept_nb import best_length, observe
-from agentspec.allocator import DECAY
 from agentspec._match_nb import BUF, TAIL_LEN, frequent_candidate, lookup, with_tail
+from agentspec.allocator import DECAY
 
 _NO_IDS = np.zeros(0, dtype=np.int64)
 

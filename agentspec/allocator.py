@@ -259,7 +259,12 @@ class AcceptanceModel:
             sums = self.sent_sums[slot]
             sums[0] = sums[0] * DECAY + predicted
             sums[1] = sums[1] * DECAY + accepted
-            self.ratios[slot] = min(2.0, max(0.5, sums[0] / sums[1]))
+            self._set_ratio(slot)
+
+    def _set_ratio(self, slot: int) -> None:
+        """The sent ratio at `slot` from its sums (`_policy_nb._learn` sets it alike)."""
+        predicted, accepted = self.sent_sums[slot]
+        self.ratios[slot] = min(2.0, max(0.5, predicted / accepted))
 
     def planning_rate(self, key: str) -> float:
         """What a plan prices a step's worth at, in tokens: R, times the sent ratio."""
@@ -327,7 +332,7 @@ class AcceptanceModel:
         for key, sums in zip((str(k) for k in state["sent_keys"]), sent):
             slot = self.ratio_slots((key,))[0]
             self.sent_sums[slot] = sums
-            self.ratios[slot] = min(2.0, max(0.5, sums[0] / sums[1]))
+            self._set_ratio(slot)
 
     def _pooled(self, role: str) -> tuple[np.ndarray, np.ndarray]:
         """The role's counts over every kind, starting from the profile's prior."""
