@@ -24,84 +24,93 @@ def plan_request(s, s_open, open_len, g, with_g, context, pw, levels, mask, want
                  t, h, kt, kh, pt, ph, bin_of, width, pad, kind_shift, weight, bias, bits,
                  spread, window, bias_rate, calibrate, rate_sums,
                  session_text, kind_tables, token_classes, with_ids, copy_kinds, repeat,
-                 agreeing, extensions,
-                 learned, costs, look_context, first, candidates, look_k, a, b, copy_m,
-                 copy_rows, copy_ids, before, ratios, sent_sums, slots, gain, found,
-                 found_tokens, ids, rows):
-    """CostAware.drafts for one request: the copy (copy_m: its context length, 0: none;
-    copy_rows as its Candidate holds them, copy_ids the token before it and its tokens,
-    read for offsets with `with_ids`) and the frequency path after `context`
-    (`frequent_candidate`, the token before it in ids[0], its kinds by extension depth in
-    kind_tables), each planned (`best_length`) at `rate` times a sent ratio, ratios[slots[i]]
-    (policy._sent_keys: i = 0 for the copy alone, 1 beside a path; then the path's by its
-    extensions, alone and, after those, beside a copy). A candidate is sent where it gains
-    more than `gain` (and than the one before). A path sent to its end (under max_k) is
-    continued by the path after it, up to `extensions` times, and sent longer where that
-    gains more; it is scored longer either way. The path lands in ids (the token before,
-    then its tokens) and rows. Returns (sent: -1 none, 0 the copy, 1 the path; its length
-    n; its gain; the path's length, 0: none; the path's context length m; the extensions
-    in the draft sent; the path's length in the draft sent; the lookup's answer, as
-    `_match_nb.lookup` gives it). With both candidates, each token's row moves by
-    `agreeing` times what the other says of it (`allocator.agreement`; 0: not at all), in
-    copy_rows and rows, before either is planned.
+                 agreeing, extensions, score_all,
+                 drafted, accepted, revealed, costs, look_context, first, candidates, look_k,
+                 a, b, copy_m, given_rows, given_ids, before, ratios, sent_sums, slots, gain,
+                 found, found_tokens, ids, rows, copy_ids, copy_rows, kept, kept_costs):
+    """CostAware.drafts for one request: the copy (copy_m: its context length, 0: none)
+    and the frequency path after `context` (`frequent_candidate`, its kinds by extension
+    depth in kind_tables), each planned (`best_length`) at `rate` times a sent ratio,
+    ratios[slots[i]] (i: the key's place in policy._sent_keys; 0 for the copy alone, 1
+    beside a path, then the path's by its extensions, alone and, after those, beside a
+    copy). A candidate is sent where it gains more than `gain` (and than the one before).
+    A path sent to its end (under max_k) is continued by the path after it, up to
+    `extensions` times, and sent longer where that gains more; it is scored longer either
+    way. With both candidates, each token's row moves by `agreeing` times what the other
+    says of it (`allocator.agreement`; 0: not at all) before either is planned. Returns
+    (the draft's length n, its gain, the lookup's answer as `_match_nb.lookup` gives it).
 
-    With look_k > 0 the copy is looked up in s here first (`Corpus.match`, from
-    `match.copy_lookup`: look_context, first, candidates, look_k, a, b), as the policy's
-    retrieval does when s is its only source, and written into copy_rows and copy_ids (of
-    max_k and 1 + max_k) by `_write_copy`.
+    The step is kept in the request's buffers, which the next plan learns from: the copy
+    in copy_ids (the token before it, then its tokens) and copy_rows, the path in ids and
+    rows, and what was decided in `kept` (`keep`'s layout) and kept_costs (the tokens the
+    draft sent is expected to have accepted, and what it costs).
 
-    First it learns what the request's last step showed (`learned`, see `_learn`; its
-    candidates may lie in ids, rows, copy_ids and copy_rows, which the plan then writes
-    over), and R (`rate_sums`) and the sent ratios (`ratios`, `sent_sums`) it prices with
-    are read after that. ids[0] becomes `before`, the token the drafts follow.
+    The copy comes one of two ways. With look_k > 0 it is looked up in s here (as
+    `Corpus.match`, from `match.copy_lookup`: look_context, first, candidates, look_k, a,
+    b), as the policy's retrieval does when s is its only source, and written in by
+    `_write_copy`; else it is given (given_rows, and given_ids: the token before it and
+    its tokens), found by the policy's retrieval.
+
+    First it learns what the request's last step showed (drafted < 0: nothing kept; else
+    the tokens drafted and accepted, and `revealed`, what the target wrote), from the
+    buffers (see `_learn`), and R (`rate_sums`) and the sent ratios (`ratios`,
+    `sent_sums`) it prices with are read after that.
 
     Its arguments come in groups, each made whole by the caller: the search's
     (`match.frequent_search`), the role's tables and what learning reads
     (`AcceptanceModel.kernel_tables`), the policy's constants (`Policy.plan_constants`),
     then the step's own."""
-    if learned[0] >= 0:
+    if drafted >= 0:
         _learn(t, h, kt, kh, pt, ph, bin_of, width, pad, kind_shift, weight, bias, bits,
-               spread, window, bias_rate, calibrate, rate_sums, ratios, sent_sums, learned)
+               spread, window, bias_rate, calibrate, rate_sums, ratios, sent_sums, slots,
+               with_ids, score_all, drafted, accepted, revealed, ids, rows, copy_ids,
+               copy_rows, kept, kept_costs)
     rate = max(1.0, rate_sums[0] / rate_sums[1])
     ids[0] = before
     looked = (0, 0, 0, 0, 0, 0, s[TAIL_LEN])
+    copy_length = 0
     if look_k > 0:
         looked = lookup(s, look_context, pw, levels, first, mask, candidates, look_k, a, b)
         # (the lookup indexed the step's tokens: the search reads them)
         s = with_tail(s, looked[6])
         copy_m = looked[0]
         if copy_m:
-            length = _write_copy(s[BUF], looked, b, max_k, repeat, copy_kinds, token_classes,
-                                 ids[0], copy_rows, copy_ids)
-            copy_rows = copy_rows[:length]
-    copy_ids = copy_ids[: len(copy_rows) + 1]
+            copy_length = _write_copy(s[BUF], looked, b, max_k, repeat, copy_kinds,
+                                      token_classes, before, copy_rows, copy_ids)
+    elif copy_m:
+        copy_length = len(given_rows)
+        copy_rows[:copy_length] = given_rows
+        copy_ids[: copy_length + 1] = given_ids
+    copy = copy_rows[:copy_length]
     has_copy = copy_m > 0
     # the path's ratios: the second half of slots after the copy's two where it has a rival
-    path_slots = slots[2 + (len(slots) - 2) // 2 * has_copy :]
+    path_keys = 2 + (len(slots) - 2) // 2 * has_copy
     length, m = frequent_candidate(
         s, s_open, open_len, g, with_g, context, pw, levels, mask, want, max_k, max_context,
         min_prob, share_edges, evidence_edges, worth, found, found_tokens, session_text,
         kind_tables[0], token_classes, ids[:1], rows[:0], ids, rows)
     if agreeing and has_copy and m:
-        _agree(copy_ids[1:], copy_rows, ids[1 : length + 1], rows[:length], agreeing)
-    sent, n, depth, sent_length = -1, 0, 0, 0
-    if has_copy and len(copy_rows):
-        c_n, c_gain = best_length(t, h, kt, kh, pt, ph, copy_rows, copy_m, len(copy_rows),
+        _agree(copy_ids[1 : copy_length + 1], copy, ids[1 : length + 1], rows[:length],
+               agreeing)
+    sent, n, depth, sent_length, key = -1, 0, 0, 0, -1
+    if has_copy and copy_length:
+        c_key = 1 if m else 0
+        c_n, c_gain = best_length(t, h, kt, kh, pt, ph, copy, copy_m, copy_length,
                                   bin_of, width, pad, kind_shift, weight, costs,
-                                  rate * ratios[slots[1 if m else 0]], bias,
-                                  copy_ids if with_ids else _NO_IDS, bits)
+                                  rate * ratios[slots[c_key]], bias,
+                                  copy_ids[: copy_length + 1] if with_ids else _NO_IDS, bits)
         if c_gain > gain:
-            sent, n, gain = 0, c_n, c_gain
+            sent, n, gain, key = 0, c_n, c_gain, c_key
     elif has_copy and 0.0 > gain:  # (an empty copy plans nothing and gains nothing)
-        sent, n, gain = 0, 0, 0.0
-    if not m:
-        return sent, n, gain, 0, 0, 0, 0, looked
-    f_n, f_gain = best_length(t, h, kt, kh, pt, ph, rows[:length], m, length, bin_of, width,
-                              pad, kind_shift, weight, costs, rate * ratios[path_slots[0]], bias,
-                              ids[: length + 1] if with_ids else _NO_IDS, bits)
-    if f_gain > gain:
-        sent, n, gain, sent_length = 1, f_n, f_gain, length
-    for d in range(extensions):
+        sent, n, gain, key = 0, 0, 0.0, 1 if m else 0
+    if m:
+        f_n, f_gain = best_length(t, h, kt, kh, pt, ph, rows[:length], m, length, bin_of,
+                                  width, pad, kind_shift, weight, costs,
+                                  rate * ratios[slots[path_keys]], bias,
+                                  ids[: length + 1] if with_ids else _NO_IDS, bits)
+        if f_gain > gain:
+            sent, n, gain, sent_length, key = 1, f_n, f_gain, length, path_keys
+    for d in range(extensions if m else 0):
         if sent != 1 or n != length or n >= max_k:
             break
         # the path after the context and the path's tokens, as if the output had written them
@@ -118,35 +127,74 @@ def plan_request(s, s_open, open_len, g, with_g, context, pw, levels, mask, want
         length += more
         e_n, e_gain = best_length(t, h, kt, kh, pt, ph, rows[:length], m, length, bin_of,
                                   width, pad, kind_shift, weight, costs,
-                                  rate * ratios[path_slots[d + 1]], bias,
+                                  rate * ratios[slots[path_keys + d + 1]], bias,
                                   ids[: length + 1] if with_ids else _NO_IDS, bits)
         if e_gain <= gain:
             break
-        n, gain, depth, sent_length = e_n, e_gain, d + 1, length
-    return sent, n, gain, length, m, depth, sent_length, looked
+        n, gain, depth, sent_length, key = e_n, e_gain, d + 1, length, path_keys + d + 1
+    keep(kept, copy_m, copy_length, m, length, sent, sent_length, key)
+    # (what the plan expected of the draft: its gain and what it was priced at)
+    kept_costs[0] = gain + rate * ratios[slots[key]] * costs[n] if n else 0.0
+    kept_costs[1] = costs[n]
+    return n, gain, looked
+
+
+@njit(cache=True)
+def keep(kept, copy_m, copy_length, path_m, path_length, sent, sent_length, key):
+    """A step as `kept` holds it: the copy's context length (0: none) and length, the
+    path's (a path has both or neither), which was sent (-1 none, 0 the copy, 1 the path),
+    the path's length in the draft sent, and the sent draft's key (its place in
+    policy._sent_keys; -1 none)."""
+    kept[0], kept[1], kept[2], kept[3] = copy_m, copy_length, path_m, path_length
+    kept[4], kept[5], kept[6] = sent, sent_length, key
 
 
 @njit(cache=True)
 def _learn(t, h, kt, kh, pt, ph, bin_of, width, pad, kind_shift, weight, bias, bits, spread,
-           window, bias_rate, calibrate, rate_sums, ratios, sent_sums, learned):
-    """`CostAware.learn` of a step: learned = (drafted, accepted, what the draft cost,
-    the sent ratio's slot, the tokens it expected accepted, then for each of two
-    candidates scored (m = 0: none) its m, rows, ids, known and matched, as
-    `AcceptanceModel.observe` takes them). In the same order: each candidate observed,
-    the row charged to R, the draft's sent ratio moved."""
-    drafted, accepted, cost, slot, expected = learned[:5]
-    for m, c_rows, c_ids, known, matched in (learned[5:10], learned[10:15]):
-        reached = min(matched + 1, known)
-        if reached > 0 and m > 0:
-            observe(t, h, kt, kh, pt, ph, c_rows[:reached], m, reached, matched, bin_of,
-                    width, pad, kind_shift, spread, window, weight, bias, c_ids, bits,
-                    bias_rate)
+           window, bias_rate, calibrate, rate_sums, ratios, sent_sums, slots, with_ids,
+           score_all, drafted, accepted, revealed, ids, rows, copy_ids, copy_rows, kept,
+           kept_costs):
+    """`CostAware.learn` of the step kept in the buffers (see `plan_request`), given the
+    tokens drafted and accepted and what the target wrote (revealed). In the same order:
+    the candidates scored (all of them with score_all, else the draft sent up to the
+    target's token after it) and observed, the row charged to R, the draft's sent ratio
+    moved."""
+    copy_m, copy_length, path_m, path_length = kept[0], kept[1], kept[2], kept[3]
+    sent, sent_length, key = kept[4], kept[5], kept[6]
+    if (score_all or sent == 0) and copy_m:
+        _observe_scored(t, h, kt, kh, pt, ph, bin_of, width, pad, kind_shift, weight, bias,
+                        bits, spread, window, bias_rate, copy_m, copy_rows[:copy_length],
+                        copy_ids[: copy_length + 1], with_ids,
+                        copy_length if score_all else min(copy_length, drafted + 1), revealed)
+    if (score_all or sent == 1) and path_length:
+        length = path_length if score_all else sent_length  # (the draft sent stops there)
+        _observe_scored(t, h, kt, kh, pt, ph, bin_of, width, pad, kind_shift, weight, bias,
+                        bits, spread, window, bias_rate, path_m, rows[:length],
+                        ids[: length + 1], with_ids,
+                        length if score_all else min(length, drafted + 1), revealed)
     rate_sums[0] = rate_sums[0] * DECAY + accepted + 1
-    rate_sums[1] = rate_sums[1] * DECAY + 1 + cost
+    rate_sums[1] = rate_sums[1] * DECAY + 1 + kept_costs[1]
     if drafted and calibrate:
-        sent_sums[slot, 0] = sent_sums[slot, 0] * DECAY + expected
+        slot = slots[key]
+        sent_sums[slot, 0] = sent_sums[slot, 0] * DECAY + kept_costs[0]
         sent_sums[slot, 1] = sent_sums[slot, 1] * DECAY + accepted
         ratios[slot] = min(2.0, max(0.5, sent_sums[slot, 0] / sent_sums[slot, 1]))
+
+
+@njit(cache=True)
+def _observe_scored(t, h, kt, kh, pt, ph, bin_of, width, pad, kind_shift, weight, bias, bits,
+                    spread, window, bias_rate, m, c_rows, c_ids, with_ids, scored, revealed):
+    """One candidate (its first `scored` tokens, c_ids[1:], against `revealed`) observed,
+    as `AcceptanceModel.observe` takes it (`allocator.scored`: known, matched)."""
+    known = min(scored, len(revealed))
+    matched = 0
+    while matched < known and c_ids[matched + 1] == revealed[matched]:
+        matched += 1
+    reached = min(matched + 1, known)
+    if reached > 0 and m > 0:
+        observe(t, h, kt, kh, pt, ph, c_rows[:reached], m, reached, matched, bin_of, width,
+                pad, kind_shift, spread, window, weight, bias, c_ids if with_ids else _NO_IDS,
+                bits, bias_rate)
 
 
 @njit(cache=True)

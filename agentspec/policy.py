@@ -38,7 +38,7 @@ import os
 import re
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
-from typing import Callable, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 import numpy as np
 
@@ -73,8 +73,7 @@ _kernels_ready = False  # see warm_up
 NO_ROWS = np.zeros(0, dtype=np.int64)  # (a frequency path that continues none)
 NO_CONTEXT = np.zeros(0, dtype=np.int32)  # (no frequency search)
 NO_LOOKUP = (NO_CONTEXT, 0, 1, 0, 0, 0)  # (match.copy_lookup's form: no lookup)
-NO_SCORE = (0, NO_ROWS, NO_IDS, 0, 0)  # (no candidate to learn from)
-NO_LEARNING = (-1, 0, 0.0, 0, 0.0, *NO_SCORE, *NO_SCORE)  # (nothing kept to learn)
+NOTHING_KEPT = (-1, 0, NO_IDS)  # (the compiled plan's drafted, accepted, revealed: no step)
 
 
 def _check(strategy, field_: str, ok: bool, why: str) -> None:
@@ -178,119 +177,99 @@ class CostAware:
                padded: bool = False):
         costs = policy.costs_at(len(batch))
         plan = self._plan_compiled if policy.compiled else self._plan
-        drafts = []
-        for r, m in zip(batch, matches):
-            run = policy.running[r.id]
-            draft, gain = plan(policy, r, m, run, costs, padded)
-            # the tokens it expects accepted: the gain plus what the draft was priced at
-            run.expected = gain + policy.acceptance.planning_rate(run.sent_key) \
-                * costs[len(draft)] if draft else 0.0
-            drafts.append(draft)
-        if padded:
-            width = common_width(policy, batch, costs)
-            runs = [policy.running[r.id] for r in batch]
-            drafts = [run.sent.tokens[:width] if run.sent else [] for run in runs]
-            for r, run, draft in zip(batch, runs, drafts):
-                run.expected = policy.acceptance.expected(r.role, run.sent.m, run.sent.rows,
-                                                          len(draft), run.sent.ids) \
-                    if draft else 0.0
-        widest = max(map(len, drafts), default=0) if padded else 0
-        for r, draft in zip(batch, drafts):  # padded, every row pays for the widest
-            policy.running[r.id].cost = float(costs[widest if padded else len(draft)])
+        drafts = [plan(policy, r, m, policy.running[r.id], costs, padded)
+                  for r, m in zip(batch, matches)]
+        if not padded:
+            return drafts
+        # every row pays for the widest: each drafts its best candidate up to one width
+        width = common_width(policy, batch, costs)
+        steps = [policy.running[r.id].step() for r in batch]
+        drafts = [sent.tokens[:width] if sent else [] for _, sent, _ in steps]
+        widest = max(map(len, drafts), default=0)
+        for r, (_, sent, _), draft in zip(batch, steps, drafts):
+            expected = policy.acceptance.expected(r.role, sent.m, sent.rows, len(draft),
+                                                  sent.ids) if draft else 0.0
+            policy.running[r.id].step_costs[:] = (expected, costs[widest])
         return drafts
 
     def _plan(self, policy: Policy, r: Request, m: Match, run: _Running, costs: np.ndarray,
-              padded: bool) -> tuple[list[int], float]:
-        """This step's candidates, and the draft that gains most with its gain (the numpy
-        engine's; `_policy_nb.plan_request` is the same in one compiled call)."""
+              padded: bool) -> list[int]:
+        """This step's candidates, and the draft that gains most (the numpy engine's;
+        `_policy_nb.plan_request` is the same in one compiled call), kept as the compiled
+        plan keeps them (`_Running.keep`)."""
         if run.pending is not None:
             self.learn(policy, run)
-        run.candidates = self._candidates(policy, r, m, run)
-        if self.agreement and len(run.candidates) == 2:
-            run.candidates = agreed(*run.candidates)
+        candidates = self._candidates(policy, r, m, run)
+        if self.agreement and len(candidates) == 2:
+            candidates = agreed(*candidates)
         # padded, a row's best candidate drafts even when it would not pay alone
-        draft, gain, run.sent, run.sent_key = [], -np.inf if padded else 0.0, None, r.role
-        for c in run.candidates:
-            key = sent_key(r.role, c.frequency, len(run.candidates))
-            n, c_gain = policy.acceptance.plan(r.role, c.m, c.rows, len(c.rows), costs, key,
+        draft, gain, sent, key = [], -np.inf if padded else 0.0, None, ""
+        for c in candidates:
+            c_key = sent_key(r.role, c.frequency, len(candidates))
+            n, c_gain = policy.acceptance.plan(r.role, c.m, c.rows, len(c.rows), costs, c_key,
                                                c.ids)
             if c_gain > gain:
-                draft, gain, run.sent, run.sent_key = c.tokens[:n], c_gain, c, key
+                draft, gain, sent, key = c.tokens[:n], c_gain, c, c_key
         for depth in range(EXTENSIONS if self.extend else 0):
             # the frequency path sent pays to its end: the path after it too, if that
             # gains more (scored in its place either way)
-            c = run.sent
+            c = sent
             if c is None or not c.frequency or len(draft) != len(c.tokens) \
                     or len(draft) >= policy.config.max_k:
                 break
             longer = self._extended(policy, r, c, depth)
             if longer is None:
                 break
-            run.candidates = [longer if x is c else x for x in run.candidates]
-            key = run.sent_key + "+"
+            candidates = [longer if x is c else x for x in candidates]
             n, c_gain = policy.acceptance.plan(r.role, longer.m, longer.rows,
-                                               len(longer.rows), costs, key, longer.ids)
+                                               len(longer.rows), costs, key + "+", longer.ids)
             if c_gain <= gain:
                 break
-            draft, gain, run.sent, run.sent_key = longer.tokens[:n], c_gain, longer, key
-        return draft, gain
+            draft, gain, sent, key = longer.tokens[:n], c_gain, longer, key + "+"
+        # the tokens it expects accepted: the gain plus what the draft was priced at
+        expected = gain + policy.acceptance.planning_rate(key) * costs[len(draft)] \
+            if draft else 0.0
+        run.keep(candidates, sent, key, r.tokens[-1] if r.tokens else 0,
+                 (expected, costs[len(draft)]))
+        return draft
 
     def _plan_compiled(self, policy: Policy, r: Request, m: Match, run: _Running,
-                       costs: np.ndarray, padded: bool) -> tuple[list[int], float]:
+                       costs: np.ndarray, padded: bool) -> list[int]:
         """`_plan` as one kernel call (`_policy_nb.plan_request`), with the step's lookup in
         S where the policy left it to the plan (see `Policy.propose`)."""
         max_k, acceptance = policy.config.max_k, policy.acceptance
         s = policy.sessions[r.session].s
-        if run.buffers is None:  # (and the sent ratios' keys and slots: its role's)
-            keys = _sent_keys(r.role)
-            run.buffers = (*(np.empty(n, dtype=np.int64) for n in (max_k + 1, max_k) * 2),
-                           *frequent_buffers(max_k, shared=False), keys,
-                           acceptance.ratio_slots(keys))
-        ids, rows, copy_ids, copy_rows, found, found_tokens, keys, slots = run.buffers
+        ids, rows, copy_ids, copy_rows, found, found_tokens, _, slots, kept, step_costs, _ \
+            = run.buffers
         search = self.frequency and policy.config.session
         if run.pending is not None and search and self.learned_paths \
                 and policy.worth_due(r.role):  # (the worth read must see what it learns)
             self.learn(policy, run)
-        learned = self._learned(policy, run)  # (first: its candidates may lie in the buffers)
+        drafted, accepted, revealed = NOTHING_KEPT
+        if run.pending is not None:  # (the plan learns it, from the buffers)
+            _, drafted, accepted, revealed = run.pending
+            revealed, run.pending = np.array(revealed, dtype=np.int64), None
         before = r.tokens[-1] if r.tokens else 0  # the token the drafts follow
+        look, copy_m, given_rows, given_ids = NO_LOOKUP, 0, NO_ROWS, NO_IDS
         if run.looks_up:  # (first: the lookup indexes the step's tokens, the search reads them)
-            look, copy = copy_lookup(s, run.context, max_k), None
+            look = copy_lookup(s, run.context, max_k)
         else:
-            look, copy = NO_LOOKUP, self._copy(policy, r, m, run.source)
-            copy_rows, copy_ids = NO_ROWS, NO_IDS
+            copy = self._copy(policy, r, m, run.source)
             if copy:  # (the plan reads the copy's tokens in its ids, offsets or not)
-                copy_rows = copy.rows
-                copy_ids = copy.ids if self.token_bias else draft_ids(before, copy.tokens)
+                copy_m, given_rows = copy.m, copy.rows
+                given_ids = copy.ids if self.token_bias else draft_ids(before, copy.tokens)
         run.worth = policy.path_worth(r.role) if search and self.learned_paths else None
-        sent, n, gain, length, path_m, depth, sent_length, looked = _nb.plan_request(
+        n, _, looked = _nb.plan_request(
             *frequent_search(s, policy.g, run.context if search else NO_CONTEXT, max_k,
                              run.worth),
-            *acceptance.kernel_tables(r.role), *policy.plan_constants, learned, costs, *look,
-            copy.m if copy else 0, copy_rows, copy_ids, before, acceptance.ratios,
+            *acceptance.kernel_tables(r.role), *policy.plan_constants, drafted, accepted,
+            revealed, costs, *look, copy_m, given_rows, given_ids, before, acceptance.ratios,
             acceptance.sent_sums, slots, -np.inf if padded else 0.0, found, found_tokens, ids,
-            rows)
+            rows, copy_ids, copy_rows, kept, step_costs)
         if run.looks_up:  # what retrieval would have found: S's match, chosen as it is
             run.match = policy.repeated(s, s.looked_up(*looked), max_k)
-            if run.match.length:
-                run.source = draft_kind("S", run.match)
-                tokens = run.match.tokens[:max_k]
-                copy = Candidate(tokens, run.match.length, copy_rows[:len(tokens)],
-                                 copy_ids[: len(tokens) + 1] if self.token_bias else NO_IDS)
-            else:
-                run.source = ""
-        path = Candidate(ids[1 : length + 1].tolist(), path_m, rows[:length],
-                         ids[: length + 1] if self.token_bias else NO_IDS, frequency=True) \
-            if length else None
-        run.candidates = [c for c in (copy, path) if c is not None]
-        run.sent, run.sent_key = None, r.role
-        if sent == 0:
-            run.sent, run.sent_key = copy, keys[1 if path else 0]
-        elif sent == 1:  # (the draft sent may stop short of a continuation scored with it)
-            run.sent = path if sent_length == length else Candidate(
-                path.tokens[:sent_length], path_m, path.rows[:sent_length],
-                path.ids[: sent_length + 1] if self.token_bias else NO_IDS, frequency=True)
-            run.sent_key = keys[2 + (EXTENSIONS + 1) * (copy is not None) + depth]
-        return (run.sent.tokens[:n] if run.sent else []), gain
+            run.source = draft_kind("S", run.match) if run.match.length else ""
+        return (copy_ids if kept[4] == 0 else ids)[1 : n + 1].tolist() if n else []
 
     def _candidates(self, policy: Policy, r: Request, m: Match, run: _Running
                     ) -> list[Candidate]:
@@ -370,49 +349,37 @@ class CostAware:
         run.pending = (request.role, drafted, accepted, request.tokens[run.fed:])
 
     def learn(self, policy: Policy, run: _Running) -> None:
-        """Learn from the request's last step (`run.pending`): its candidates scored, the row
-        charged to R, the draft's sent ratio moved."""
+        """Learn from the request's last step (`run.pending`, the step `run.step()`): its
+        candidates scored against what the target wrote (all of them, drafted or not, with
+        score_all, else the draft sent, up to the target's token after it) and observed,
+        the row charged to R, the draft's sent ratio moved (`_policy_nb._learn` does the
+        same inside the compiled plan)."""
         role, drafted, accepted, revealed = run.pending
         run.pending = None
-        for m, rows, ids, known, matched in self._scored(run, drafted, revealed):
-            policy.acceptance.observe(role, m, known, matched, rows, ids)
-        policy.acceptance.charge(run.cost, accepted)
-        if drafted:
-            policy.acceptance.observe_sent(run.sent_key, run.expected, accepted)
-
-    def _scored(self, run: _Running, drafted: int, revealed: list[int]) -> list[tuple]:
-        """The step's candidates scored against what the target wrote, as (m, rows, ids,
-        known, matched): all of them, drafted or not (score_all), or the draft sent, up to
-        the target's token after it."""
-        scores = run.candidates if self.score_all else [run.sent] if run.sent else []
+        candidates, sent, key = run.step()
+        expected, cost = run.step_costs
         cut = None if self.score_all else drafted + 1
-        return [(c.m, c.rows, c.ids, *scored(c.tokens[:cut], revealed)) for c in scores]
-
-    def _learned(self, policy: Policy, run: _Running) -> tuple:
-        """`learn`'s work as the compiled plan does it (`_policy_nb._learn`'s `learned`);
-        nothing kept: drafted -1."""
-        if run.pending is None:
-            return NO_LEARNING
-        _, drafted, accepted, revealed = run.pending
-        run.pending = None
-        scores = (*self._scored(run, drafted, revealed), NO_SCORE, NO_SCORE)
-        slot = policy.acceptance.ratio_slots((run.sent_key,))[0] if drafted else 0
-        return (drafted, accepted, run.cost, slot, run.expected, *scores[0], *scores[1])
+        for c in candidates if self.score_all else [sent] if sent else []:
+            known, matched = scored(c.tokens[:cut], revealed)
+            policy.acceptance.observe(role, c.m, known, matched, c.rows, c.ids)
+        policy.acceptance.charge(float(cost), accepted)
+        if drafted:
+            policy.acceptance.observe_sent(key, float(expected), accepted)
 
 
 def common_width(policy: Policy, batch: Sequence[Request], costs: np.ndarray) -> int:
     """The draft width for a batch whose rows all pay for the widest: the one where the
     rows' expected accepted tokens (each its sent candidate's, up to its length) gain most
     against what a step of that width costs, R tokens per plain step for every row."""
-    expected = []  # per row: expected accepted tokens of its first n draft tokens, n = 0..
+    expected, rates = [], 0.0  # per row: expected accepted tokens of its first n draft tokens
     for r in batch:
-        sent = policy.running[r.id].sent
+        _, sent, key = policy.running[r.id].step()
         p = policy.acceptance.accept_probs(r.role, sent.m, sent.rows, ids=sent.ids) \
             if sent and sent.m > 0 else []
         expected.append(np.concatenate(([0.0], np.cumsum(p))))
+        rates += policy.acceptance.planning_rate(key)
     widths = np.arange(min(max(map(len, expected)), len(costs)))
     accepted = sum(e[np.minimum(widths, len(e) - 1)] for e in expected)
-    rates = sum(policy.acceptance.planning_rate(policy.running[r.id].sent_key) for r in batch)
     gain = accepted - rates * costs[widths]
     return int(np.argmax(gain))
 
@@ -512,31 +479,99 @@ class _Session:
     unformed: list[list[int]] = field(default_factory=list)  # files without emission forms
 
 
+class StepBuffers(NamedTuple):
+    """Where a request's plan keeps its step, until the next plan has learned from it: the
+    path's ids (the token before it, then its tokens) and rows, the copy's, the frequency
+    search's drafts, the sent ratios' keys of the request's role (`_sent_keys`) and their
+    slots, what was decided (`_policy_nb.keep`'s layout) and the draft sent's expected
+    accepted tokens and cost; and whether its tokens' offsets are read (`token_bias`)."""
+
+    ids: np.ndarray
+    rows: np.ndarray
+    copy_ids: np.ndarray
+    copy_rows: np.ndarray
+    found: np.ndarray
+    found_tokens: np.ndarray
+    keys: tuple[str, ...]
+    slots: np.ndarray
+    kept: np.ndarray
+    step_costs: np.ndarray
+    with_ids: bool
+
+
+def step_buffers(policy: Policy, role: str) -> StepBuffers:
+    """Empty buffers for a request of this role (nothing kept)."""
+    max_k, keys = policy.config.max_k, _sent_keys(role)
+    return StepBuffers(*(np.empty(n, dtype=np.int64) for n in (max_k + 1, max_k) * 2),
+                       *frequent_buffers(max_k, shared=False), keys,
+                       policy.acceptance.ratio_slots(keys),
+                       np.array([0, 0, 0, 0, -1, 0, -1], dtype=np.int64), np.zeros(2),
+                       policy.config.length.token_bias)
+
+
 @dataclass
 class _Running:
-    """Per-request state: output tokens already absorbed, PDA, the copy being followed."""
+    """Per-request state: output tokens already absorbed, PDA, the copy being followed, and
+    (CostAware) the step planned."""
 
     fed: int = 0
     tracker: BlockTracker | None = None
     # the last retrieval, advanced while the output keeps copying it
     match: Match = field(default_factory=lambda: NO_MATCH)
-    cost: float = 0.0  # what the draft being verified costs, in plain decode steps
     source: str = ""  # corpus the match came from: S, W, G or B (block history); with
     # choose="expected" its draft_kind
     context: np.ndarray | None = None  # the step's last max_k tokens, as ids to look up
     window: ContextWindow | None = None  # where the step's context is read
-    candidates: list[Candidate] = field(default_factory=list)  # what this step could draft
-    sent: Candidate | None = None  # the one it drafted from
-    expected: float = 0.0  # the acceptance model's expected accepted tokens of the draft sent
-    sent_key: str = ""  # whose sent ratio priced it (`sent_key`, a "+" per extension)
     worth: np.ndarray | None = None  # Policy.path_worth, as this step's frequency paths read it
     looks_up: bool = False  # the step's copy is looked up by the compiled plan (see propose)
     # what the last step showed, until the next plan learns it (CostAware.observe)
     pending: tuple | None = None
-    # where the compiled plan writes its candidates' ids and rows (path, then copy; a
-    # step's candidates are read only until the next step plans) and its search's drafts,
-    # with the sent ratios' keys of the request's role and their slots
-    buffers: tuple | None = None
+    buffers: StepBuffers | None = None  # (CostAware) the step planned
+
+    def keep(self, candidates: list[Candidate], sent: Candidate | None, key: str,
+             before: int, step_costs: tuple[float, float]) -> None:
+        """Keep a step the Python plan made, as the compiled plan keeps its own: its
+        candidates (a copy, a path), the one sent (the path's, up to its length there),
+        its sent ratio's key ("": none), the token the drafts follow, and the draft's
+        expected accepted tokens and cost."""
+        b = self.buffers
+        copy = next((c for c in candidates if not c.frequency), None)
+        path = next((c for c in candidates if c.frequency), None)
+        for c, ids, rows in ((copy, b.copy_ids, b.copy_rows), (path, b.ids, b.rows)):
+            if c is not None:
+                ids[0], ids[1 : len(c.tokens) + 1], rows[: len(c.tokens)] = \
+                    before, c.tokens, c.rows
+        b.kept[:] = (copy.m if copy else 0, len(copy.tokens) if copy else 0,
+                     path.m if path else 0, len(path.tokens) if path else 0,
+                     -1 if sent is None else int(sent.frequency),
+                     len(sent.tokens) if sent and sent.frequency else 0,
+                     b.keys.index(key) if key else -1)
+        b.step_costs[:] = step_costs
+
+    def step(self) -> tuple[list[Candidate], Candidate | None, str]:
+        """The step kept (see `keep`): its candidates (the copy, then the path), the one
+        sent (None: none) and its sent ratio's key ("": none). Views of the buffers, read
+        only until the next plan."""
+        b = self.buffers
+        copy_m, copy_length, path_m, path_length, sent, sent_length, key = b.kept.tolist()
+
+        def candidate(ids, rows, m, length, frequency):
+            return Candidate(ids[1 : length + 1].tolist(), m, rows[:length],
+                             ids[: length + 1] if b.with_ids else NO_IDS, frequency)
+
+        copy = candidate(b.copy_ids, b.copy_rows, copy_m, copy_length, False) \
+            if copy_m else None
+        path = candidate(b.ids, b.rows, path_m, path_length, True) if path_length else None
+        chosen = copy if sent == 0 else None
+        if sent == 1:  # (the draft sent may stop short of a continuation scored with it)
+            chosen = path if sent_length == path_length \
+                else candidate(b.ids, b.rows, path_m, sent_length, True)
+        return [c for c in (copy, path) if c], chosen, b.keys[key] if key >= 0 else ""
+
+    @property
+    def step_costs(self) -> np.ndarray:
+        """The draft sent's expected accepted tokens and what it costs, in plain steps."""
+        return self.buffers.step_costs
 
 
 @dataclass
@@ -697,7 +732,7 @@ class Policy:
         self.plan_constants = (cost.session_text, self.frequency_kind_array, self.token_classes,
                                cost.token_bias, self.copy_kinds, config.follow,
                                TOKEN_CLASSES if cost.agreement else 0,
-                               EXTENSIONS if cost.extend else 0)
+                               EXTENSIONS if cost.extend else 0, cost.score_all)
         warm_up(token_bytes)
 
     def _corpus(self, max_tokens: int) -> Corpus:
@@ -743,6 +778,8 @@ class Policy:
             if corpus is not None:
                 corpus.flush()
         run = _Running(fed=request.num_prompt, window=ContextWindow(self.config.max_k))
+        if isinstance(self.config.length, CostAware):
+            run.buffers = step_buffers(self, request.role)
         if self.config.session and self.config.lead:
             st.s.end_document()  # (a lead starts a document, glued to no other request's)
             st.s.extend(output_lead(request))

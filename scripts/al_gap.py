@@ -106,20 +106,20 @@ class Recorder:
         self.steps[(request.id, at)] = (drafted, accepted)
         policy = self.inner
         if isinstance(policy, Policy) and isinstance(policy.config.length, CostAware):
-            run = policy.running[request.id]
+            step_candidates, sent, _ = policy.running[request.id].step()
             if not drafted:
                 self.silent_candidates[(request.id, at)] = [list(c.tokens)
-                                                            for c in run.candidates]
+                                                            for c in step_candidates]
                 written = request.output[at]  # the target's token at the step's first position
-                for c in run.candidates:
+                for c in step_candidates:
                     p = policy.acceptance.accept_probs(request.role, c.m, c.rows, 1, c.ids)[0]
                     self.passed_over.append((float(p), c.tokens[0] == written))
-            self._score(policy, request, request.output[at:], run.candidates)
+            self._score(policy, request, request.output[at:], step_candidates)
             candidates = []
-            for c in run.candidates:
+            for c in step_candidates:
                 # (read before the policy learns from this step: what its plan saw)
                 reach = policy.acceptance.accept_probs(request.role, c.m, c.rows, ids=c.ids) \
-                    if drafted and _sent_from(c, run.sent) else None
+                    if drafted and _sent_from(c, sent) else None
                 candidates.append((c.tokens, reach, c.frequency))
             self._open.setdefault(request.id, []).append((at, drafted, accepted, candidates))
         self.inner.observe(request, drafted, accepted)

@@ -41,7 +41,7 @@ def test_full_drafts_by_frequency_without_arctic_inference(monkeypatch):
     r = request("r", "A", [4, 4, 5, 6])
     p.start(r)
     p.propose([r])
-    assert [c.tokens[:1] for c in p.running["r"].candidates] == [[7], [7]] and not p.warnings
+    assert [c.tokens[:1] for c in p.running["r"].step()[0]] == [[7], [7]] and not p.warnings
 
 
 def test_a_frequent_path_reports_how_sure_it_was_of_each_token_and_on_what_evidence():
@@ -177,7 +177,7 @@ def test_full_drafts_what_past_outputs_say_when_nothing_can_be_copied():
     p.start(r)
     draft = p.propose([r])[0]
     # G feeds the frequency draft alone (no copy of it beside), no further than it matched
-    [frequent] = p.running["r"].candidates
+    [frequent] = p.running["r"].step()[0]
     assert frequent.frequency and frequent.tokens == [8, 9, 10]
     assert draft == [8, 9, 10][:len(draft)]
     assert p.global_seed_outputs == 3
@@ -192,7 +192,7 @@ def test_full_drafts_what_past_outputs_say_when_nothing_can_be_copied():
     r = request("r", "A", [1, 2, 3, 5, 6, 7])
     p.start(r)
     p.propose([r])
-    [copy] = p.running["r"].candidates
+    [copy] = p.running["r"].step()[0]
     assert p.running["r"].source.startswith("G") and copy.tokens[:5] == [8, 9, 10, 11, 12]
 
 
@@ -203,9 +203,9 @@ def test_a_frequency_path_drafted_to_its_end_is_continued_by_the_path_after_it()
     p.start(r)
     draft = p.propose([r])[0]
     # all of it pays (a fresh model expects most of it taken): after 5 6 7 8 9 10, 11 12
-    [frequent] = p.running["r"].candidates
+    [frequent] = p.running["r"].step()[0]
     assert frequent.frequency and frequent.tokens == [8, 9, 10, 11, 12]
-    assert draft == frequent.tokens and p.running["r"].sent_key == "code/frequency/1+"
+    assert draft == frequent.tokens and p.running["r"].step()[2] == "code/frequency/1+"
     # the continuation's tokens have kinds of their own, which learn what the target takes
     kinds = {v: k for k, v in p.acceptance.kinds.items()}
     names = [kinds[int(row) // MODIFIERS] for row in frequent.rows]
@@ -222,7 +222,7 @@ def test_a_frequency_path_drafted_to_its_end_is_continued_by_the_path_after_it()
     r = request("r", "A", [1, 2, 3, 5, 6, 7])
     p.start(r)
     p.propose([r])
-    assert [c.tokens for c in p.running["r"].candidates] == [[8, 9, 10]]
+    assert [c.tokens for c in p.running["r"].step()[0]] == [[8, 9, 10]]
 
 
 def test_a_frequency_source_the_model_never_follows_stops_drafting():
@@ -247,7 +247,7 @@ def test_frequency_is_a_rung_switch_and_copies_alone_stay_as_they_were():
     r = request("r", "A", [4, 4, 5, 6])
     p.start(r)
     p.propose([r])
-    assert len(p.running["r"].candidates) == 1  # the copy: no frequency candidate
+    assert len(p.running["r"].step()[0]) == 1  # the copy: no frequency candidate
     assert p.g.levels[0] == p.sessions["A"].s.levels[0] == 2  # nor their shorter contexts
 
 
@@ -262,7 +262,7 @@ def test_full_drafts_by_frequency_from_the_sessions_own_text():
         p.start(r)
         p.propose([r])
         kinds.update({v: k for k, v in p.acceptance.kinds.items()})
-        found = {kinds[int(c.rows[0]) // MODIFIERS]: c.tokens for c in p.running[rid].candidates}
+        found = {kinds[int(c.rows[0]) // MODIFIERS]: c.tokens for c in p.running[rid].step()[0]}
         return {k: v for k, v in found.items() if "F" in k}
 
     # no output was seen yet: the session's text drafts 7, at 2 in 4 (on two): the output's
@@ -287,7 +287,7 @@ def test_the_frequency_candidate_is_the_source_the_served_model_takes_more_of():
         p.propose([r])
         kinds = {v: k for k, v in p.acceptance.kinds.items()}
         found = [(kinds[int(c.rows[0]) // MODIFIERS], c.tokens[:1])
-                 for c in p.running["r"].candidates]
+                 for c in p.running["r"].step()[0]]
         return next((kind, tokens) for kind, tokens in found if "F" in kind)
 
     kind, tokens = frequency_candidate("frequency_kinds")  # the outputs' drafts never taken
@@ -303,7 +303,7 @@ def test_the_session_text_is_a_rung_switch():
     p.start(r)
     p.propose([r])
     kinds = {v: k for k, v in p.acceptance.kinds.items()}
-    assert not [c for c in p.running["r"].candidates
+    assert not [c for c in p.running["r"].step()[0]
                 if kinds[int(c.rows[0]) // MODIFIERS].startswith("SF")]
 
 
@@ -322,7 +322,7 @@ def test_the_path_drafted_is_the_one_the_served_model_is_seen_to_take():
         p.start(r)
         p.propose([r])
         kinds = {v: k for k, v in p.acceptance.kinds.items()}
-        return next(c.tokens for c in p.running["r"].candidates
+        return next(c.tokens for c in p.running["r"].step()[0]
                     if kinds[int(c.rows[0]) // MODIFIERS].startswith("F"))
 
     assert frequency_path("full") == [9]

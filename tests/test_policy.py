@@ -351,7 +351,7 @@ def test_an_output_lead_joins_g_so_other_sessions_start_from_it():
     r = request("b", "B", [40, 90, 91, 92])  # a new session: nothing in its own S
     p.start(r)
     p.propose([r])
-    paths = [c.tokens for c in p.running["b"].candidates if c.frequency]
+    paths = [c.tokens for c in p.running["b"].step()[0] if c.frequency]
     assert paths and paths[0][:5] == [5, 6, 7, 8, 9]
 
 
@@ -537,7 +537,7 @@ def test_a_padded_batch_drafts_one_width_and_charges_every_row_for_it():
     assert 0 < width < len(alone[0]) and padded[0] == alone[0][:width]
     assert padded[1] == [9, 10, 11][:width]
     # every row is charged the price of the width it is verified at
-    assert [p.running[r.id].cost for r in rows] == [p.costs_at(2)[width]] * 2
+    assert [p.running[r.id].step_costs[1] for r in rows] == [p.costs_at(2)[width]] * 2
 
 
 def test_building_a_policy_compiles_the_kernels_its_steps_call():
@@ -574,7 +574,7 @@ def test_agreeing_candidates_learn_rows_of_their_own():
         r = Request("r", "s", [8, 1, 2, 3], 4)
         p.start(r)
         p.propose([r])
-        cands = p.running["r"].candidates
+        cands = p.running["r"].step()[0]
         assert len(cands) == 2 and cands[0].tokens[:3] == cands[1].tokens[:3]
         assert all((int(c.rows[0]) % MODIFIERS // TOKEN_CLASSES == AGREES) == moved
                    for c in cands)
@@ -619,18 +619,19 @@ def test_the_compiled_plan_drafts_as_the_reference(name, padded):
             assert drafts[0] == drafts[1]
             for i, draft in enumerate(drafts[0]):
                 a, b = (p.running[rs[i].id] for p, rs in zip(policies, rows))
+                (a_candidates, a_sent, a_key), (b_candidates, b_sent, b_key) = a.step(), b.step()
                 assert [(c.tokens, c.m, c.rows.tolist(), c.ids.tolist(), c.frequency)
-                        for c in a.candidates] == \
+                        for c in a_candidates] == \
                     [(c.tokens, c.m, c.rows.tolist(), c.ids.tolist(), c.frequency)
-                     for c in b.candidates]
-                assert (a.sent_key, a.expected, a.cost) == (b.sent_key, b.expected, b.cost)
-                assert (a.sent is None) == (b.sent is None)
-                if a.sent:
-                    assert (a.sent.tokens, a.sent.rows.tolist()) == \
-                        (b.sent.tokens, b.sent.rows.tolist())
-                continued += "+" in a.sent_key
+                     for c in b_candidates]
+                assert a_key == b_key and a.step_costs.tolist() == b.step_costs.tolist()
+                assert (a_sent is None) == (b_sent is None)
+                if a_sent:
+                    assert (a_sent.tokens, a_sent.rows.tolist()) == \
+                        (b_sent.tokens, b_sent.rows.tolist())
+                continued += "+" in a_key
                 said.update(int(row) % MODIFIERS // TOKEN_CLASSES
-                            for c in a.candidates for row in c.rows)
+                            for c in a_candidates for row in c.rows)
                 looked_up.add(a.looks_up)
                 sources.add(a.source[:1])
                 written = len(rows[0][i].tokens) - len(prompt)
