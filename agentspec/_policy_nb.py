@@ -38,7 +38,7 @@ def plan_request(s, s_open, open_len, g, with_g, context, pw, levels, mask, want
     `extensions` times, and sent longer where that gains more; it is scored longer either
     way. With both candidates, each token's row moves by `agreeing` times what the other
     says of it (`allocator.agreement`; 0: not at all) before either is planned. Returns
-    (the draft's length n, its gain, the lookup's answer as `_match_nb.lookup` gives it).
+    (the draft's length n, the lookup's answer as `_match_nb.lookup` gives it).
 
     The step is kept in the request's buffers, which the next plan learns from: the copy
     in copy_ids (the token before it, then its tokens) and copy_rows, the path in ids and
@@ -136,7 +136,7 @@ def plan_request(s, s_open, open_len, g, with_g, context, pw, levels, mask, want
     # (what the plan expected of the draft: its gain and what it was priced at)
     kept_costs[0] = gain + rate * ratios[slots[key]] * costs[n] if n else 0.0
     kept_costs[1] = costs[n]
-    return n, gain, looked
+    return n, looked
 
 
 @njit(cache=True)

@@ -73,7 +73,7 @@ _kernels_ready = False  # see warm_up
 NO_ROWS = np.zeros(0, dtype=np.int64)  # (a frequency path that continues none)
 NO_CONTEXT = np.zeros(0, dtype=np.int32)  # (no frequency search)
 NO_LOOKUP = (NO_CONTEXT, 0, 1, 0, 0, 0)  # (match.copy_lookup's form: no lookup)
-NOTHING_KEPT = (-1, 0, NO_IDS)  # (the compiled plan's drafted, accepted, revealed: no step)
+NOTHING_TO_LEARN = (-1, 0, NO_IDS)  # (the compiled plan's drafted, accepted, revealed: none)
 
 
 def _check(strategy, field_: str, ok: bool, why: str) -> None:
@@ -245,7 +245,7 @@ class CostAware:
         if run.pending is not None and search and self.learned_paths \
                 and policy.worth_due(r.role):  # (the worth read must see what it learns)
             self.learn(policy, run)
-        drafted, accepted, revealed = NOTHING_KEPT
+        drafted, accepted, revealed = NOTHING_TO_LEARN
         if run.pending is not None:  # (the plan learns it, from the buffers)
             _, drafted, accepted, revealed = run.pending
             revealed, run.pending = np.array(revealed, dtype=np.int64), None
@@ -259,7 +259,7 @@ class CostAware:
                 copy_m, given_rows = copy.m, copy.rows
                 given_ids = copy.ids if self.token_bias else draft_ids(before, copy.tokens)
         run.worth = policy.path_worth(r.role) if search and self.learned_paths else None
-        n, _, looked = _nb.plan_request(
+        n, looked = _nb.plan_request(
             *frequent_search(s, policy.g, run.context if search else NO_CONTEXT, max_k,
                              run.worth),
             *acceptance.kernel_tables(r.role), *policy.plan_constants, drafted, accepted,
@@ -269,7 +269,8 @@ class CostAware:
         if run.looks_up:  # what retrieval would have found: S's match, chosen as it is
             run.match = policy.repeated(s, s.looked_up(*looked), max_k)
             run.source = draft_kind("S", run.match) if run.match.length else ""
-        return (copy_ids if kept[4] == 0 else ids)[1 : n + 1].tolist() if n else []
+        sent_copy = kept[4] == 0  # (see `_policy_nb.keep`)
+        return (copy_ids if sent_copy else ids)[1 : n + 1].tolist() if n else []
 
     def _candidates(self, policy: Policy, r: Request, m: Match, run: _Running
                     ) -> list[Candidate]:
