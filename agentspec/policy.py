@@ -182,8 +182,8 @@ class CostAware:
         if not padded:
             return drafts
         # every row pays for the widest: each drafts its best candidate up to one width
-        width = common_width(policy, batch, costs)
         steps = [policy.running[r.id].step() for r in batch]
+        width = common_width(policy, batch, steps, costs)
         drafts = [sent.tokens[:width] if sent else [] for _, sent, _ in steps]
         widest = max(map(len, drafts), default=0)
         for r, (_, sent, _), draft in zip(batch, steps, drafts):
@@ -368,13 +368,14 @@ class CostAware:
             policy.acceptance.observe_sent(key, float(expected), accepted)
 
 
-def common_width(policy: Policy, batch: Sequence[Request], costs: np.ndarray) -> int:
+def common_width(policy: Policy, batch: Sequence[Request], steps: list[tuple],
+                 costs: np.ndarray) -> int:
     """The draft width for a batch whose rows all pay for the widest: the one where the
     rows' expected accepted tokens (each its sent candidate's, up to its length) gain most
-    against what a step of that width costs, R tokens per plain step for every row."""
+    against what a step of that width costs, R tokens per plain step for every row.
+    steps: each row's step, as `_Running.step` reads it."""
     expected, rates = [], 0.0  # per row: expected accepted tokens of its first n draft tokens
-    for r in batch:
-        _, sent, key = policy.running[r.id].step()
+    for r, (_, sent, key) in zip(batch, steps):
         p = policy.acceptance.accept_probs(r.role, sent.m, sent.rows, ids=sent.ids) \
             if sent and sent.m > 0 else []
         expected.append(np.concatenate(([0.0], np.cumsum(p))))
