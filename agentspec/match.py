@@ -709,12 +709,20 @@ class Corpus:
     def looked_up(self, m: int, chosen: int, n_cand: int, members: int, agreed: int, n: int,
                   tail_len: int) -> Match:
         """The Match of `_match_nb.lookup`'s answer (see `_lookup_window`, `copy_lookup`)."""
-        if tail_len != self._tail_len:
-            self._tail_len, self._state = tail_len, None
-        self._chain_if_long()
+        self.indexed_to(tail_len)
         if not m:
             return NO_MATCH
         return self._answer(m, chosen, self._buf[chosen : chosen + n], n_cand, members, agreed)
+
+    def indexed_to(self, tail_len: int) -> None:
+        """Take the tail's length a compiled lookup left (it indexed the step's tokens)."""
+        if tail_len != self._tail_len:
+            self._tail_len, self._state = tail_len, None
+        self._chain_if_long()
+
+    def position(self, slot: int) -> int:
+        """The corpus position (`Match.position`) of buffer slot `slot`."""
+        return self._dropped + slot - self._W - bisect.bisect_left(self._bounds, slot)
 
     def _recent_occurrences(self, i: int, key: np.uint32, q: int, ctx: np.ndarray, top: int,
                             cap: int, want: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -907,8 +915,7 @@ class Corpus:
     def _answer(self, m: int, chosen: int, tokens: np.ndarray, n_cand: int, members: int,
                 agreed: int) -> Match:
         """The Match for buffer index `chosen`, whose continuation is `tokens`."""
-        position = self._dropped + chosen - self._W - bisect.bisect_left(self._bounds, chosen)
-        return Match(m, tokens.tolist(), n_cand, members, agreed, position)
+        return Match(m, tokens.tolist(), n_cand, members, agreed, self.position(chosen))
 
 
 # SuffixDecoding's search, as the policy runs it: contexts of up to MAX_CONTEXT tokens, the

@@ -73,7 +73,7 @@ _kernels_ready = False  # see warm_up
 NO_ROWS = np.zeros(0, dtype=np.int64)  # (a frequency path that continues none)
 NO_CONTEXT = np.zeros(0, dtype=np.int32)  # (no frequency search)
 NO_LOOKUP = (NO_CONTEXT, 0, 1, 0, 0, 0)  # (match.copy_lookup's form: no lookup)
-NOTHING_TO_LEARN = (-1, 0, NO_IDS)  # (the compiled plan's drafted, accepted, revealed: none)
+NOTHING_TO_LEARN = (-1, 0, NO_CONTEXT)  # (the compiled plan's drafted, accepted, revealed: none)
 
 
 def _check(strategy, field_: str, ok: bool, why: str) -> None:
@@ -242,13 +242,16 @@ class CostAware:
         ids, rows, copy_ids, copy_rows, found, found_tokens, _, slots, kept, step_costs, _ \
             = run.buffers
         search = self.frequency and policy.config.session
-        if run.pending is not None and search and self.learned_paths \
-                and policy.worth_due(r.role):  # (the worth read must see what it learns)
-            self.learn(policy, run)
+        # (first: a read of the worth learns the step kept before it reads)
+        run.worth = policy.path_worth(r.role, run) if search and self.learned_paths else None
         drafted, accepted, revealed = NOTHING_TO_LEARN
         if run.pending is not None:  # (the plan learns it, from the buffers)
-            _, drafted, accepted, revealed = run.pending
-            revealed, run.pending = np.array(revealed, dtype=np.int64), None
+            _, drafted, accepted, revealed, written = run.pending
+            run.pending = None
+            # as ids: the context's last tokens, where nothing was written since
+            revealed = run.context[len(run.context) - len(revealed):] \
+                if written == len(r.tokens) and len(revealed) <= len(run.context) \
+                else context_ids(revealed)
         before = r.tokens[-1] if r.tokens else 0  # the token the drafts follow
         look, copy_m, given_rows, given_ids = NO_LOOKUP, 0, NO_ROWS, NO_IDS
         if run.looks_up:  # (first: the lookup indexes the step's tokens, the search reads them)
@@ -258,7 +261,6 @@ class CostAware:
             if copy:  # (the plan reads the copy's tokens in its ids, offsets or not)
                 copy_m, given_rows = copy.m, copy.rows
                 given_ids = copy.ids if self.token_bias else draft_ids(before, copy.tokens)
-        run.worth = policy.path_worth(r.role) if search and self.learned_paths else None
         n, looked = _nb.plan_request(
             *frequent_search(s, policy.g, run.context if search else NO_CONTEXT, max_k,
                              run.worth),
@@ -266,9 +268,12 @@ class CostAware:
             revealed, costs, *look, copy_m, given_rows, given_ids, before, acceptance.ratios,
             acceptance.sent_sums, slots, -np.inf if padded else 0.0, found, found_tokens, ids,
             rows, copy_ids, copy_rows, kept, step_costs)
-        if run.looks_up:  # what retrieval would have found: S's match, chosen as it is
-            run.match = policy.repeated(s, s.looked_up(*looked), max_k)
-            run.source = draft_kind("S", run.match) if run.match.length else ""
+        if run.looks_up:  # what retrieval would have found: S's match, kept as the copy
+            s.indexed_to(looked[6])
+            copy_m, chosen, occurrences, agree, agreed = looked[:5]
+            run.looked = (copy_m, occurrences, agree, agreed, s.position(chosen)) \
+                if copy_m else None
+            run.source = "S" + occurrences_agree(occurrences, agree) if copy_m else ""
         sent_copy = kept[4] == 0  # (see `_policy_nb.keep`)
         return (copy_ids if sent_copy else ids)[1 : n + 1].tolist() if n else []
 
@@ -347,7 +352,8 @@ class CostAware:
         run = policy.running[request.id]
         if run.pending is not None:  # (observed twice without a plan between)
             self.learn(policy, run)
-        run.pending = (request.role, drafted, accepted, request.tokens[run.fed:])
+        run.pending = (request.role, drafted, accepted, request.tokens[run.fed:],
+                       len(request.tokens))
 
     def learn(self, policy: Policy, run: _Running) -> None:
         """Learn from the request's last step (`run.pending`, the step `run.step()`): its
@@ -355,7 +361,7 @@ class CostAware:
         score_all, else the draft sent, up to the target's token after it) and observed,
         the row charged to R, the draft's sent ratio moved (`_policy_nb._learn` does the
         same inside the compiled plan)."""
-        role, drafted, accepted, revealed = run.pending
+        role, drafted, accepted, revealed, _ = run.pending
         run.pending = None
         candidates, sent, key = run.step()
         expected, cost = run.step_costs
@@ -518,7 +524,8 @@ class _Running:
 
     fed: int = 0
     tracker: BlockTracker | None = None
-    # the last retrieval, advanced while the output keeps copying it
+    # the last retrieval, advanced while the output keeps copying it (NO_MATCH where the
+    # compiled plan looked it up: then `looked`)
     match: Match = field(default_factory=lambda: NO_MATCH)
     source: str = ""  # corpus the match came from: S, W, G or B (block history); with
     # choose="expected" its draft_kind
@@ -526,6 +533,8 @@ class _Running:
     window: ContextWindow | None = None  # where the step's context is read
     worth: np.ndarray | None = None  # Policy.path_worth, as this step's frequency paths read it
     looks_up: bool = False  # the step's copy is looked up by the compiled plan (see propose)
+    looked: tuple | None = None  # what it found, whose continuation is the copy kept (see
+    # Policy._follow_looked)
     # what the last step showed, until the next plan learns it (CostAware.observe)
     pending: tuple | None = None
     buffers: StepBuffers | None = None  # (CostAware) the step planned
@@ -660,8 +669,12 @@ def draft_kind(source: str, m: Match) -> str:
     whether the match's occurrences agree on what follows ("1": one occurrence, "=": all
     agree, "~": split). A continuation every earlier occurrence took is likelier to be taken
     again than one a vote picked."""
-    agreement = "1" if m.candidates <= 1 else "=" if m.agree == m.candidates else "~"
-    return source + agreement
+    return source + occurrences_agree(m.candidates, m.agree)
+
+
+def occurrences_agree(occurrences: int, agree: int) -> str:
+    """`draft_kind`'s agreement of a match's occurrences: "1" one, "=" all, "~" a vote."""
+    return "1" if occurrences <= 1 else "=" if agree == occurrences else "~"
 
 
 class Policy:
@@ -884,11 +897,24 @@ class Policy:
     def _follow(self, run: _Running, new: list[int]) -> Match | None:
         """While the output keeps copying the last continuation, keep reading it: the
         match grows by what was copied, and no lookup is needed."""
+        if run.looked is not None:
+            return self._follow_looked(run, new)
         m, n = run.match, len(new)
         if not m.length or len(m.tokens) <= n or m.tokens[:n] != new:
             return None
         return Match(length=m.length + n, tokens=m.tokens[n:], candidates=m.candidates,
                      agree=m.agree, agreed=max(0, m.agreed - n), position=m.position + n)
+
+    def _follow_looked(self, run: _Running, new: list[int]) -> Match | None:
+        """`_follow` of the match the compiled plan looked up in S: its continuation is the
+        copy it kept (`run.looked`: the match's length, occurrences, agreeing ones, their
+        common prefix and its position)."""
+        length, occurrences, agree, agreed, position = run.looked
+        n, copy_length, ids = len(new), int(run.buffers.kept[1]), run.buffers.copy_ids
+        if copy_length <= n or ids[1 : n + 1].tolist() != new:
+            return None
+        return Match(length + n, ids[n + 1 : copy_length + 1].tolist(), occurrences, agree,
+                     max(0, agreed - n), position + n)
 
     def propose(self, batch: Sequence[Request], padded: bool = False) -> list[list[int]]:
         cfg = self.config
@@ -900,7 +926,7 @@ class Policy:
             run = self.running[r.id]
             run.context = run.window.ids(r.tokens)  # once, for every corpus
             followed = self._follow(run, new) if new and cfg.follow else None
-            run.looks_up = False
+            run.looks_up, run.looked = False, None
             if followed is None:
                 sources = self._sources(r, run)
                 # where S alone is read, and its match taken as it is, the compiled plan looks
@@ -926,23 +952,21 @@ class Policy:
         if self.costs.observe(verified, seconds):
             self._costs.clear()
 
-    def path_worth(self, role: str) -> np.ndarray:
+    def path_worth(self, role: str, run: _Running | None = None) -> np.ndarray:
         """What a frequency path's token is worth to the served model, by source (session
         text, all outputs), frequency class and matched length: the acceptance model's kind
-        curves, read again every WORTH_EVERY steps of a role (they move slowly)."""
-        if self.worth_due(role):
+        curves, read again every WORTH_EVERY steps of a role (they move slowly). A read
+        first learns the step `run` still keeps, as the Python plan would have."""
+        aged = self._worth.get(role)
+        if aged is None or aged[0] >= WORTH_EVERY:
+            if run is not None and run.pending is not None:
+                self.config.length.learn(self, run)
             lengths = self.config.max_k + 1
-            self._worth[role] = [0, np.stack(
+            aged = self._worth[role] = [0, np.stack(
                 [self.acceptance.kind_hazards(role, kinds, lengths) for kinds in
                  (self.session_frequency_kinds, self.frequency_kinds)])]
-        aged = self._worth[role]
         aged[0] += 1  # (a list: a step counts its read in place)
         return aged[1]
-
-    def worth_due(self, role: str) -> bool:
-        """Whether the role's next `path_worth` reads its curves anew."""
-        aged = self._worth.get(role)
-        return aged is None or aged[0] >= WORTH_EVERY
 
     def observe(self, request: Request, drafted: int, accepted: int) -> None:
         self.config.length.observe(self, request, drafted, accepted)
