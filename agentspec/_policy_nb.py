@@ -14,6 +14,7 @@ from numba import njit
 from agentspec._accept_nb import best_length, observe
 from agentspec._match_nb import BUF, TAIL_LEN, frequent_candidate, lookup, with_tail
 from agentspec.allocator import DECAY
+from agentspec.frequency import WORTH_EVERY
 
 _NO_IDS = np.zeros(0, dtype=np.int64)
 
@@ -25,7 +26,7 @@ def plan_request(s, s_open, open_len, g, with_g, context, pw, levels, mask, want
                  spread, window, bias_rate, calibrate, rate_sums,
                  session_text, kind_tables, token_classes, with_ids, copy_kinds, repeat,
                  agreeing, extensions, score_all,
-                 drafted, accepted, revealed, costs, look_context, first, candidates, look_k,
+                 drafted, accepted, revealed, worth_age, costs, look_context, first, candidates, look_k,
                  a, b, copy_m, given_rows, given_ids, before, ratios, sent_sums, slots, gain,
                  found, found_tokens, ids, rows, copy_ids, copy_rows, kept, kept_costs):
     """CostAware.drafts for one request: the copy (copy_m: its context length, 0: none)
@@ -54,7 +55,8 @@ def plan_request(s, s_open, open_len, g, with_g, context, pw, levels, mask, want
     First it learns what the request's last step showed (drafted < 0: nothing kept; else
     the tokens drafted and accepted, and `revealed`, what the target wrote), from the
     buffers (see `_learn`), and R (`rate_sums`) and the sent ratios (`ratios`,
-    `sent_sums`) it prices with are read after that.
+    `sent_sums`) it prices with are read after that, as is what a path's token is worth
+    (`worth`, read anew where `worth_age` says so: see `_read_worth`).
 
     Its arguments come in groups, each made whole by the caller: the search's
     (`match.frequent_search`), the role's tables and what learning reads
@@ -65,6 +67,8 @@ def plan_request(s, s_open, open_len, g, with_g, context, pw, levels, mask, want
                spread, window, bias_rate, calibrate, rate_sums, ratios, sent_sums, slots,
                with_ids, score_all, drafted, accepted, revealed, ids, rows, copy_ids,
                copy_rows, kept, kept_costs)
+    _read_worth(worth, worth_age, kind_tables[0], kt, kh, pt, ph, bin_of, width, pad,
+                kind_shift, weight)
     rate = max(1.0, rate_sums[0] / rate_sums[1])
     ids[0] = before
     looked = (0, 0, 0, 0, 0, 0, s[TAIL_LEN])
@@ -137,6 +141,26 @@ def plan_request(s, s_open, open_len, g, with_g, context, pw, levels, mask, want
     kept_costs[0] = gain + rate * ratios[slots[key]] * costs[n] if n else 0.0
     kept_costs[1] = costs[n]
     return n, looked
+
+
+@njit(cache=True)
+def _read_worth(worth, age, kinds, kt, kh, pt, ph, bin_of, width, pad, kind_shift, weight):
+    """`Policy.role_worth` of a role (worth[source, class, copy length], age: its reads
+    since it was read anew; none: no worth): the frequency kinds' curves (kinds[source,
+    class], their first rows), as `AcceptanceModel.kind_hazards` reads them, every
+    WORTH_EVERY reads."""
+    if len(age) == 0:
+        return
+    if age[0] >= WORTH_EVERY:
+        for source in range(worth.shape[0]):
+            for c in range(worth.shape[1]):
+                for length in range(worth.shape[2]):
+                    b = bin_of[min(length, len(bin_of) - 1)] + pad
+                    k = (kinds[source, c] >> kind_shift) * width + b
+                    worth[source, c, length] = (kh[k] + weight * ph[b] / pt[b]) \
+                        / (kt[k] + weight)
+        age[0] = 0
+    age[0] += 1
 
 
 @njit(cache=True)

@@ -33,6 +33,9 @@ _SHARES = ("F<.4", "F<.6", "F<.8", "F<1", "F1")
 EVIDENCE_EDGES = np.array([2, 4])
 _EVIDENCE = ("x1", "x2", "x4")
 FREQUENCY_CLASSES = tuple(share + evidence for evidence in _EVIDENCE for share in _SHARES)
+# what each class is worth to the served model moves slowly: a role's paths read its curves
+# anew every WORTH_EVERY steps (policy.Policy.role_worth)
+WORTH_EVERY = 128
 
 
 def frequency_classes(probs: list[float], evidence: list[int]) -> list[int]:

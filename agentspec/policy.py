@@ -48,7 +48,7 @@ from agentspec.allocator import (NO_IDS, TOKEN_CLASSES, AcceptanceModel, agentsp
 from agentspec.controller import Controller, KmaxTable
 from agentspec.costs import linear_costs
 from agentspec.drafter import FILE, OUTPUT, PROMPT, Request
-from agentspec.frequency import FREQUENCY_CLASSES
+from agentspec.frequency import FREQUENCY_CLASSES, WORTH_EVERY
 from agentspec.learned_costs import LearnedCosts
 from agentspec.match import (MAX_CONTEXT, NO_MATCH, TAIL_MAX, ContextWindow, Corpus, Match,
                              context_ids, copy_lookup, frequent_buffers, frequent_candidate,
@@ -67,12 +67,12 @@ if os.environ.get("AGENTSPEC_NO_NUMBA", "") != "1":
     except Exception:  # not installed, or unusable here: numpy it is
         _nb = None
 
-WORTH_EVERY = 128  # steps of a role between two reads of its curves by path_worth
 EXTENSIONS = 2  # how many times a frequency path drafted to its end may be continued
 _kernels_ready = False  # see warm_up
 NO_ROWS = np.zeros(0, dtype=np.int64)  # (a frequency path that continues none)
 NO_CONTEXT = np.zeros(0, dtype=np.int32)  # (no frequency search)
 NO_LOOKUP = (NO_CONTEXT, 0, 1, 0, 0, 0)  # (match.copy_lookup's form: no lookup)
+NO_AGE = np.zeros(0, dtype=np.int64)  # (the compiled plan's path worth: none read)
 NOTHING_TO_LEARN = (-1, 0, NO_CONTEXT)  # (the compiled plan's drafted, accepted, revealed: none)
 
 
@@ -242,8 +242,9 @@ class CostAware:
         ids, rows, copy_ids, copy_rows, found, found_tokens, _, slots, kept, step_costs, _ \
             = run.buffers
         search = self.frequency and policy.config.session
-        # (first: a read of the worth learns the step kept before it reads)
-        run.worth = policy.path_worth(r.role, run) if search and self.learned_paths else None
+        # (the kernel reads the path worth anew where due, after it learned the step kept)
+        worth, worth_age = policy.role_worth(r.role) if search and self.learned_paths \
+            else (None, NO_AGE)
         drafted, accepted, revealed = NOTHING_TO_LEARN
         if run.pending is not None:  # (the plan learns it, from the buffers)
             _, drafted, accepted, revealed, written = run.pending
@@ -262,10 +263,9 @@ class CostAware:
                 copy_m, given_rows = copy.m, copy.rows
                 given_ids = copy.ids if self.token_bias else draft_ids(before, copy.tokens)
         n, looked = _nb.plan_request(
-            *frequent_search(s, policy.g, run.context if search else NO_CONTEXT, max_k,
-                             run.worth),
+            *frequent_search(s, policy.g, run.context if search else NO_CONTEXT, max_k, worth),
             *acceptance.kernel_tables(r.role), *policy.plan_constants, drafted, accepted,
-            revealed, costs, *look, copy_m, given_rows, given_ids, before, acceptance.ratios,
+            revealed, worth_age, costs, *look, copy_m, given_rows, given_ids, before, acceptance.ratios,
             acceptance.sent_sums, slots, -np.inf if padded else 0.0, found, found_tokens, ids,
             rows, copy_ids, copy_rows, kept, step_costs)
         if run.looks_up:  # what retrieval would have found: S's match, kept as the copy
@@ -717,7 +717,7 @@ class Policy:
         # tokenizer
         self.token_classes = token_classes(token_bytes) \
             if token_bytes and cost.token_classes else np.zeros(0, dtype=np.intp)
-        self._worth: dict[str, list] = {}  # role: [its age, its table] (see path_worth)
+        self._worth: dict[str, tuple] = {}  # role: (its table, its age) (see role_worth)
         # the acceptance model's kind of each frequency class, from G and from S; by
         # extension depth, from S and from G: 0 for a path of its own, then the paths that
         # continue one (CostAware.extend: "+SF<.8x2", "++F1x4", ...)
@@ -952,21 +952,28 @@ class Policy:
         if self.costs.observe(verified, seconds):
             self._costs.clear()
 
-    def path_worth(self, role: str, run: _Running | None = None) -> np.ndarray:
+    def role_worth(self, role: str) -> tuple[np.ndarray, np.ndarray]:
         """What a frequency path's token is worth to the served model, by source (session
         text, all outputs), frequency class and matched length: the acceptance model's kind
-        curves, read again every WORTH_EVERY steps of a role (they move slowly). A read
-        first learns the step `run` still keeps, as the Python plan would have."""
-        aged = self._worth.get(role)
-        if aged is None or aged[0] >= WORTH_EVERY:
-            if run is not None and run.pending is not None:
-                self.config.length.learn(self, run)
+        curves, read anew every WORTH_EVERY steps of a role (they move slowly), as the table
+        and its age (its reads since; from WORTH_EVERY, due). The compiled plan reads them
+        in its kernel, after it has learned the step kept; `path_worth` here."""
+        worth = self._worth.get(role)
+        if worth is None:
+            shape = (2, len(FREQUENCY_CLASSES), self.config.max_k + 1)
+            worth = self._worth[role] = (np.zeros(shape), np.array([WORTH_EVERY], dtype=np.int64))
+        return worth
+
+    def path_worth(self, role: str) -> np.ndarray:
+        """`role_worth`'s table, read anew where due (the Python plan's, after it learned)."""
+        table, age = self.role_worth(role)
+        if age[0] >= WORTH_EVERY:
             lengths = self.config.max_k + 1
-            aged = self._worth[role] = [0, np.stack(
-                [self.acceptance.kind_hazards(role, kinds, lengths) for kinds in
-                 (self.session_frequency_kinds, self.frequency_kinds)])]
-        aged[0] += 1  # (a list: a step counts its read in place)
-        return aged[1]
+            table[:] = np.stack([self.acceptance.kind_hazards(role, kinds, lengths) for kinds in
+                                 (self.session_frequency_kinds, self.frequency_kinds)])
+            age[0] = 0
+        age[0] += 1
+        return table
 
     def observe(self, request: Request, drafted: int, accepted: int) -> None:
         self.config.length.observe(self, request, drafted, accepted)
@@ -1006,8 +1013,8 @@ class Policy:
             state["g/lengths"] = np.array([len(d) for d in documents], dtype=np.int64)
         roles = sorted(self._worth)
         state["worth/roles"] = np.array(roles, dtype=str)
-        state["worth/ages"] = np.array([self._worth[r][0] for r in roles], dtype=np.int64)
-        state["worth/tables"] = np.array([self._worth[r][1] for r in roles], dtype=np.float64)
+        state["worth/ages"] = np.array([self._worth[r][1][0] for r in roles], dtype=np.int64)
+        state["worth/tables"] = np.array([self._worth[r][0] for r in roles], dtype=np.float64)
         state["served"] = np.array([self.served_sessions, self._seeded], dtype=np.int64)
         return state
 
@@ -1033,7 +1040,8 @@ class Policy:
         shape = (len(roles), 2, len(FREQUENCY_CLASSES), self.config.max_k + 1)
         if len(ages) != len(roles) or (len(roles) and tables.shape != shape):
             raise ValueError(f"path worth needs an age and a table of {shape[1:]} per role")
-        self._worth = {str(r): [int(a), t] for r, a, t in zip(roles, ages, tables)}
+        self._worth = {str(r): (np.array(t, dtype=np.float64), np.array([a], dtype=np.int64))
+                       for r, a, t in zip(roles, ages, tables)}
         self.served_sessions, self._seeded = (int(x) for x in state["served"])
 
     def serve_recorded(self, sessions: Sequence[TokenizedSession]) -> None:
