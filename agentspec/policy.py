@@ -265,9 +265,9 @@ class CostAware:
         n, looked = _nb.plan_request(
             *frequent_search(s, policy.g, run.context if search else NO_CONTEXT, max_k, worth),
             *acceptance.kernel_tables(r.role), *policy.plan_constants, drafted, accepted,
-            revealed, worth_age, costs, *look, copy_m, given_rows, given_ids, before, acceptance.ratios,
-            acceptance.sent_sums, slots, -np.inf if padded else 0.0, found, found_tokens, ids,
-            rows, copy_ids, copy_rows, kept, step_costs)
+            revealed, worth_age, costs, *look, copy_m, given_rows, given_ids, before,
+            acceptance.ratios, acceptance.sent_sums, slots, -np.inf if padded else 0.0, found,
+            found_tokens, ids, rows, copy_ids, copy_rows, kept, step_costs)
         if run.looks_up:  # what retrieval would have found: S's match, kept as the copy
             s.indexed_to(looked[6])
             copy_m, chosen, occurrences, agree, agreed = looked[:5]
