@@ -26,8 +26,9 @@ def plan_request(s, s_open, open_len, g, with_g, context, pw, levels, mask, want
                  spread, window, bias_rate, calibrate, rate_sums,
                  session_text, kind_tables, token_classes, with_ids, copy_kinds, repeat,
                  agreeing, extensions, score_all,
-                 drafted, accepted, revealed, worth_age, costs, look_context, first, candidates,
-                 look_k, a, b, copy_m, given_rows, given_ids, before, ratios, sent_sums, slots, gain,
+                 drafted, accepted, revealed, worth_age, costs, look_context, first,
+                 candidates, look_k, a, b, copy_m, given_rows, given_ids, before, ratios,
+                 sent_sums, slots, gain,
                  found, found_tokens, ids, rows, copy_ids, copy_rows, kept, kept_costs):
     """CostAware.drafts for one request: the copy (copy_m: its context length, 0: none)
     and the frequency path after `context` (`frequent_candidate`, its kinds by extension
