@@ -20,15 +20,15 @@ _NO_IDS = np.zeros(0, dtype=np.int64)
 
 
 @njit(cache=True)
-def plan_request(s, s_open, open_len, g, with_g, context, pw, levels, mask, want, max_k,
-                 max_context, min_prob, share_edges, evidence_edges, worth,
+def plan_request(s, s_open, open_len, g, with_g, context, look_k, a, b,
+                 pw, levels, mask, first, candidates, want, max_context, min_prob,
+                 share_edges, evidence_edges,
                  t, h, kt, kh, pt, ph, bin_of, width, pad, kind_shift, weight, bias, bits,
                  spread, window, bias_rate, calibrate, rate_sums,
-                 session_text, kind_tables, token_classes, with_ids, copy_kinds, repeat,
-                 agreeing, extensions, score_all,
-                 drafted, accepted, revealed, worth_age, costs, look_context, first,
-                 candidates, look_k, a, b, copy_m, given_rows, given_ids, before, ratios,
-                 sent_sums, slots, gain,
+                 max_k, search, session_text, kind_tables, token_classes, with_ids, copy_kinds,
+                 repeat, agreeing, extensions, score_all,
+                 worth, drafted, accepted, revealed, worth_age, costs, copy_m, given_rows,
+                 given_ids, before, ratios, sent_sums, slots, gain,
                  found, found_tokens, ids, rows, copy_ids, copy_rows, kept, kept_costs):
     """CostAware.drafts for one request: the copy (copy_m: its context length, 0: none)
     and the frequency path after `context` (`frequent_candidate`, its kinds by extension
@@ -48,10 +48,11 @@ def plan_request(s, s_open, open_len, g, with_g, context, pw, levels, mask, want
     draft sent is expected to have accepted, and what it costs).
 
     The copy comes one of two ways. With look_k > 0 it is looked up in s here (as
-    `Corpus.match`, from `match.copy_lookup`: look_context, first, candidates, look_k, a,
-    b), as the policy's retrieval does when s is its only source, and written in by
+    `Corpus.match`: after `context`, of at most look_k tokens, s's slots [a, b) indexed
+    first), as the policy's retrieval does when s is its only source, and written in by
     `_write_copy`; else it is given (given_rows, and given_ids: the token before it and
-    its tokens), found by the policy's retrieval.
+    its tokens), found by the policy's retrieval. The path is searched for (`search`)
+    after the same context.
 
     First it learns what the request's last step showed (drafted < 0: nothing kept; else
     the tokens drafted and accepted, and `revealed`, what the target wrote), from the
@@ -59,10 +60,10 @@ def plan_request(s, s_open, open_len, g, with_g, context, pw, levels, mask, want
     `sent_sums`) it prices with are read after that, as is what a path's token is worth
     (`worth`, read anew where `worth_age` says so: see `_read_worth`).
 
-    Its arguments come in groups, each made whole by the caller: the search's
-    (`match.frequent_search`), the role's tables and what learning reads
-    (`AcceptanceModel.kernel_tables`), the policy's constants (`Policy.plan_constants`),
-    then the step's own."""
+    Its arguments come in groups, each made whole by the caller: the corpora's
+    (`match.plan_reads`), theirs that never change (`match.search_constants`), the role's
+    tables and what learning reads (`AcceptanceModel.kernel_tables`), the policy's
+    constants (`Policy.role_constants` gives these three), then the step's own."""
     if drafted >= 0:
         _learn(t, h, kt, kh, pt, ph, bin_of, width, pad, kind_shift, weight, bias, bits,
                spread, window, bias_rate, calibrate, rate_sums, ratios, sent_sums, slots,
@@ -72,10 +73,11 @@ def plan_request(s, s_open, open_len, g, with_g, context, pw, levels, mask, want
                 kind_shift, weight)
     rate = max(1.0, rate_sums[0] / rate_sums[1])
     ids[0] = before
+    context = context[max(0, len(context) - levels[-1]):]  # (the longest level's tokens)
     looked = (0, 0, 0, 0, 0, 0, s[TAIL_LEN])
     copy_length = 0
     if look_k > 0:
-        looked = lookup(s, look_context, pw, levels, first, mask, candidates, look_k, a, b)
+        looked = lookup(s, context, pw, levels, first, mask, candidates, look_k, a, b)
         # (the lookup indexed the step's tokens: the search reads them)
         s = with_tail(s, looked[6])
         copy_m = looked[0]
@@ -91,9 +93,10 @@ def plan_request(s, s_open, open_len, g, with_g, context, pw, levels, mask, want
     # the path's ratios: the second half of slots after the copy's two where it has a rival
     path_keys = 2 + (len(slots) - 2) // 2 * has_copy
     length, m = frequent_candidate(
-        s, s_open, open_len, g, with_g, context, pw, levels, mask, want, max_k, max_context,
-        min_prob, share_edges, evidence_edges, worth, found, found_tokens, session_text,
-        kind_tables[0], token_classes, ids[:1], rows[:0], ids, rows)
+        s, s_open, open_len, g, with_g, context if search else context[:0], pw, levels, mask,
+        want, max_k, max_context, min_prob, share_edges, evidence_edges, worth, found,
+        found_tokens, session_text, kind_tables[0], token_classes, ids[:1], rows[:0], ids,
+        rows)
     if agreeing and has_copy and m:
         _agree(copy_ids[1 : copy_length + 1], copy, ids[1 : length + 1], rows[:length],
                agreeing)

@@ -695,15 +695,15 @@ class Corpus:
         continuation's most tokens, the first buffer slot the kernel indexes), or None where
         nothing can match. The tokens added since the last lookup that fit the tail as it
         is are indexed in the kernel's own call (a decoding step's few); others now."""
-        L = len(ctx)
-        pending = self._n - self._indexed
-        if pending and (L < self.min_match or self._held == 0
-                        or self._tail_len + pending > len(self._tail_pos)
-                        or self._n - self._tail_start > self.tail_max):
+        if len(ctx) < self.min_match or not self._held:
             self.flush()
-        if L < self.min_match or self._held == 0:
             return None
-        a, self._indexed = self._indexed, self._n
+        a = self._indexed
+        if self._tail_len + self._n - a > len(self._tail_pos) \
+                or self._n - self._tail_start > self.tail_max:
+            self.flush()  # (more than the tail holds as it is)
+            a = self._indexed
+        self._indexed = self._n
         return min(int(k), self._n), a
 
     def looked_up(self, m: int, chosen: int, n_cand: int, members: int, agreed: int, n: int,
@@ -739,9 +739,9 @@ class Corpus:
         return e, conts, self._lengths(e, q, top, ctx)
 
     def _open_start(self) -> int:
-        """Buffer index where the document being written starts (the end: none is open)."""
-        if self._buf[self._n - 1] == BOUNDARY:
-            return self._n
+        """Buffer index where the document being written starts (the end: none is open).
+        Every boundary after the sentinels is in _bounds, so the last one ends the
+        documents before it."""
         return self._bounds[-1] + 1 if self._bounds else self._W
 
     def _nb_state(self) -> tuple:
@@ -1033,30 +1033,36 @@ def frequent_candidate(session: Corpus, outputs: Corpus | None, context, k: int,
         np.concatenate((prefix_rows, rows)).astype(np.int64)
 
 
-def copy_lookup(corpus: Corpus, context: np.ndarray, k: int) -> tuple:
-    """What a kernel that looks a copy up in a compiled corpus itself (as `Corpus.match`,
-    with `_match_nb.lookup`) reads besides the corpus's state: (the context as int32, the
-    first level copies read, occurrences that vote, the continuation's most tokens (0:
-    nothing can match), the first slot to index, the buffer's end). Its answer goes to
-    `corpus.looked_up`. context: int32 ids (`context_ids`; the kernel reads ids that cannot
-    be tokens as none)."""
-    ctx = _last(context, corpus.max_match)
-    window = corpus._lookup_window(ctx, k)
-    return (ctx, corpus._first, corpus.max_candidates, *(window or (0, 0)), corpus._n)
+def search_constants(corpus: Corpus) -> tuple:
+    """What the compiled plan (`_policy_nb.plan_request`) reads of the corpora that never
+    changes, in its order: their hash powers, levels and key mask, the first level copies
+    read and the occurrences that vote on a copy, then the frequency search's constants
+    (see `frequent_drafts`). A policy's corpora are made alike, so one corpus gives them."""
+    return (corpus._pw, corpus._levels_arr, corpus._mask, corpus._first,
+            corpus.max_candidates, OCCURRENCES, MAX_CONTEXT, MIN_PROB, SHARE_EDGES,
+            EVIDENCE_EDGES)
 
 
-def frequent_search(session: Corpus, outputs: Corpus | None, context: np.ndarray, k: int,
-                    worth: np.ndarray | None) -> tuple:
-    """What the compiled search (`_match_nb.frequent`) reads for a path of at most k tokens
-    after `context`, as `frequent_candidate` runs it, up to its output buffers (see
-    `frequent_buffers`). Where no path can follow, the context is empty: the search finds
-    nothing. context: int32 ids, as `copy_lookup` takes them."""
-    ctx = _frequent_context(session, outputs, _last(context, session.max_match), k)
-    return _frequent_args(session, outputs, _NO_CONTEXT if ctx is None else ctx, k,
-                          MAX_CONTEXT, OCCURRENCES, MIN_PROB, worth)
-
-
-_NO_CONTEXT = np.zeros(0, dtype=np.int32)
+def plan_reads(session: Corpus, outputs: Corpus | None, context: np.ndarray, k: int,
+               look: bool) -> tuple:
+    """What the compiled plan reads of the corpora in a step, in its order: the corpus
+    tuple of `session` (the request writes at its end), where its open document starts and
+    how many tokens it holds, the tuple of `outputs` (None: the session's, unread) and
+    whether it is read, the context, and for a copy looked up in `session` (`look`, as
+    `Corpus.match` does it in its kernel): the continuation's most tokens (0: no lookup),
+    then the buffer slots [a, b) the kernel indexes first (a lookup leaves a step's few
+    new tokens to its kernel; the search reads them after it). Both corpora index the same
+    levels (`search_constants`). context: int32 ids (`context_ids`)."""
+    if outputs is not None and outputs._indexed < outputs._n:
+        outputs.flush()
+    window = session._lookup_window(context, k) if look else None
+    if session._indexed < session._n:  # (no lookup: the search reads every token indexed)
+        session.flush()
+    s_open = session._open_start()
+    look_k, a = window or (0, 0)
+    return (session._nb_state(), s_open, session._n - s_open,
+            (session if outputs is None else outputs)._nb_state(), outputs is not None,
+            context, look_k, a, session._n)
 
 
 def _frequent_context(session: Corpus, outputs: Corpus | None, ctx: np.ndarray, k: int
@@ -1072,10 +1078,6 @@ def _frequent_context(session: Corpus, outputs: Corpus | None, ctx: np.ndarray, 
         if outputs.levels != session.levels or outputs.max_match != session.max_match:
             raise ValueError("frequent_drafts: both corpora need the same levels and max_match")
     return None if len(ctx) < session.levels[0] or k <= 0 else ctx
-
-
-def _last(context: np.ndarray, n: int) -> np.ndarray:
-    return context if len(context) <= n else context[-n:]
 
 
 def _compiled(session: Corpus, outputs: Corpus | None) -> bool:

@@ -51,8 +51,8 @@ from agentspec.drafter import FILE, OUTPUT, PROMPT, Request
 from agentspec.frequency import FREQUENCY_CLASSES, WORTH_EVERY
 from agentspec.learned_costs import LearnedCosts
 from agentspec.match import (MAX_CONTEXT, NO_MATCH, TAIL_MAX, ContextWindow, Corpus, Match,
-                             context_ids, copy_lookup, frequent_buffers, frequent_candidate,
-                             frequent_search)
+                             context_ids, frequent_buffers, frequent_candidate, plan_reads,
+                             search_constants)
 from agentspec.replay import replay
 from agentspec.structure import BlockTracker, StructureError, parse_structure, text_of
 from agentspec.tokens import TokenizedSession
@@ -70,10 +70,10 @@ if os.environ.get("AGENTSPEC_NO_NUMBA", "") != "1":
 EXTENSIONS = 2  # how many times a frequency path drafted to its end may be continued
 _kernels_ready = False  # see warm_up
 NO_ROWS = np.zeros(0, dtype=np.int64)  # (a frequency path that continues none)
-NO_CONTEXT = np.zeros(0, dtype=np.int32)  # (no frequency search)
-NO_LOOKUP = (NO_CONTEXT, 0, 1, 0, 0, 0)  # (match.copy_lookup's form: no lookup)
-NO_AGE = np.zeros(0, dtype=np.int64)  # (the compiled plan's path worth: none read)
-NOTHING_TO_LEARN = (-1, 0, NO_CONTEXT)  # (the compiled plan's drafted, accepted, revealed: none)
+NO_WORTH = np.zeros((0, 0, 0))  # (the compiled plan's path worth: none)
+NO_AGE = np.zeros(0, dtype=np.int64)  # (... and none read)
+# (the compiled plan's drafted, accepted, revealed: nothing to learn)
+NOTHING_TO_LEARN = (-1, 0, np.zeros(0, dtype=np.int32))
 
 
 def _check(strategy, field_: str, ok: bool, why: str) -> None:
@@ -237,14 +237,14 @@ class CostAware:
                        costs: np.ndarray, padded: bool) -> list[int]:
         """`_plan` as one kernel call (`_policy_nb.plan_request`), with the step's lookup in
         S where the policy left it to the plan (see `Policy.propose`)."""
-        max_k, acceptance = policy.config.max_k, policy.acceptance
+        acceptance = policy.acceptance
         s = policy.sessions[r.session].s
         ids, rows, copy_ids, copy_rows, found, found_tokens, _, slots, kept, step_costs, _ \
             = run.buffers
-        search = self.frequency and policy.config.session
         # (the kernel reads the path worth anew where due, after it learned the step kept)
-        worth, worth_age = policy.role_worth(r.role) if search and self.learned_paths \
-            else (None, NO_AGE)
+        worth, worth_age = policy.role_worth(r.role) \
+            if self.frequency and policy.config.session and self.learned_paths \
+            else (NO_WORTH, NO_AGE)
         drafted, accepted, revealed = NOTHING_TO_LEARN
         if run.pending is not None:  # (the plan learns it, from the buffers)
             _, drafted, accepted, revealed, written = run.pending
@@ -254,20 +254,18 @@ class CostAware:
                 if written == len(r.tokens) and len(revealed) <= len(run.context) \
                 else context_ids(revealed)
         before = r.tokens[-1] if r.tokens else 0  # the token the drafts follow
-        look, copy_m, given_rows, given_ids = NO_LOOKUP, 0, NO_ROWS, NO_IDS
-        if run.looks_up:  # (first: the lookup indexes the step's tokens, the search reads them)
-            look = copy_lookup(s, run.context, max_k)
-        else:
+        copy_m, given_rows, given_ids = 0, NO_ROWS, NO_IDS
+        if not run.looks_up:
             copy = self._copy(policy, r, m, run.source)
             if copy:  # (the plan reads the copy's tokens in its ids, offsets or not)
                 copy_m, given_rows = copy.m, copy.rows
                 given_ids = copy.ids if self.token_bias else draft_ids(before, copy.tokens)
         n, looked = _nb.plan_request(
-            *frequent_search(s, policy.g, run.context if search else NO_CONTEXT, max_k, worth),
-            *acceptance.kernel_tables(r.role), *policy.plan_constants, drafted, accepted,
-            revealed, worth_age, costs, *look, copy_m, given_rows, given_ids, before,
-            acceptance.ratios, acceptance.sent_sums, slots, -np.inf if padded else 0.0, found,
-            found_tokens, ids, rows, copy_ids, copy_rows, kept, step_costs)
+            *plan_reads(s, policy.g, run.context, policy.config.max_k, run.looks_up),
+            *policy.role_constants(r.role), worth, drafted, accepted, revealed, worth_age,
+            costs, copy_m, given_rows, given_ids, before, acceptance.ratios,
+            acceptance.sent_sums, slots, -np.inf if padded else 0.0, found, found_tokens, ids,
+            rows, copy_ids, copy_rows, kept, step_costs)
         if run.looks_up:  # what retrieval would have found: S's match, kept as the copy
             s.indexed_to(looked[6])
             copy_m, chosen, occurrences, agree, agreed = looked[:5]
@@ -743,11 +741,15 @@ class Policy:
         # whether a compiled plan may: MostExpected takes a lone match as it is
         self._lookup_in_plan = isinstance(config.length, CostAware) \
             and isinstance(config.choose, MostExpected)
-        # what every compiled plan reads of the policy, in `_policy_nb.plan_request`'s order
-        self.plan_constants = (cost.session_text, self.frequency_kind_array, self.token_classes,
-                               cost.token_bias, self.copy_kinds, config.follow,
-                               TOKEN_CLASSES if cost.agreement else 0,
-                               EXTENSIONS if cost.extend else 0, cost.score_all)
+        # what every compiled plan reads of the corpora and the policy that never changes,
+        # in `_policy_nb.plan_request`'s order (see role_constants)
+        self._search_constants = search_constants(self._corpus(None)) if self.compiled else ()
+        self._plan_constants = (config.max_k, cost.frequency and config.session,
+                                cost.session_text, self.frequency_kind_array,
+                                self.token_classes, cost.token_bias, self.copy_kinds,
+                                config.follow, TOKEN_CLASSES if cost.agreement else 0,
+                                EXTENSIONS if cost.extend else 0, cost.score_all)
+        self._role_constants: dict[str, tuple] = {}
         warm_up(token_bytes)
 
     def _corpus(self, max_tokens: int) -> Corpus:
@@ -951,6 +953,17 @@ class Policy:
     def observe_step(self, verified: Sequence[int], seconds: float) -> None:
         if self.costs.observe(verified, seconds):
             self._costs.clear()
+
+    def role_constants(self, role: str) -> tuple:
+        """What a compiled plan of this role reads that changes only when the role's tables
+        grow: the corpora's constants (`match.search_constants`), the role's tables
+        (`AcceptanceModel.kernel_tables`), then the policy's, in one tuple."""
+        tables = self.acceptance.kernel_tables(role)
+        kept = self._role_constants.get(role)
+        if kept is None or kept[0] is not tables:
+            kept = self._role_constants[role] = (
+                tables, (*self._search_constants, *tables, *self._plan_constants))
+        return kept[1]
 
     def role_worth(self, role: str) -> tuple[np.ndarray, np.ndarray]:
         """What a frequency path's token is worth to the served model, by source (session
