@@ -62,6 +62,16 @@ def _window_hashes(buf, x, pw, levels):
 
 
 @njit(cache=True)
+def _as_ids(context):
+    """A lookup context as int32 ids, those that cannot be tokens (< 0) as _NEVER, never a
+    token or a boundary. (One allocation: np.where, then astype, make three.)"""
+    ctx = np.empty(len(context), dtype=np.int32)
+    for j in range(len(context)):
+        ctx[j] = context[j] if context[j] >= 0 else _NEVER
+    return ctx
+
+
+@njit(cache=True)
 def _roll(h, buf, x, pw, levels):
     """Window hashes before x -> before x + 1: add buf[x], drop buf[x - q], all times B (one
     step per level, where computing each anew takes q: indexing a long text is ~7x faster)."""
@@ -137,17 +147,17 @@ def lookup(corpus, context, pw, levels, first, mask, want, k, a, b):
     tail_len = index_tail(buf, a, b, pw, levels, mask, tail_keys, tail_pos, tail_len, head,
                           prev)
     corpus = with_tail(corpus, tail_len)
-    ctx = np.where(context < 0, _NEVER, context).astype(np.int32)  # never a token or boundary
+    ctx = _as_ids(context)
     L = len(ctx)
     top = 0
     while top + 1 < len(levels) and levels[top + 1] <= L:
         top += 1
-    out = np.empty(want, dtype=np.int32)
+    out, ok = np.empty(want, dtype=np.int32), np.empty(BLOCK, dtype=np.bool_)
     for i in range(top, first - 1, -1):  # (levels below `first` are frequency's only)
         q = levels[i]
         cap = levels[i + 1] - 1 if i < top else L
         v = _key(ctx, L, q, pw, mask)
-        m, n = _find(corpus, i, v, ctx, q, cap, out)
+        m, n = _find(corpus, i, v, ctx, q, cap, out, ok)
         if n:
             chosen, members, agreed, cont = _vote(buf, out[:n], k)
             return m, chosen, n, members, agreed, cont, tail_len
@@ -162,10 +172,10 @@ def with_tail(corpus, tail_len):
 
 
 @njit(cache=True)
-def _find(corpus, i, v, ctx, q, cap, out):
+def _find(corpus, i, v, ctx, q, cap, out, ok):
     """Level i (length q), key v: the longest verified length m in [q, cap] of its
     occurrences and, in out[:n], the most recent len(out) of that length, most recent first
-    (n = 0: none verifies).
+    (n = 0: none verifies). ok: room for a block's first checks (BLOCK).
 
     Occurrences are visited newest first (the tail backwards, along v's chain once it has
     them, then the runs newest to oldest, each slice backwards), so the first len(out) of
@@ -195,7 +205,6 @@ def _find(corpus, i, v, ctx, q, cap, out):
                     if best == cap and n == want:
                         return best, n
             end = start
-    ok = np.empty(BLOCK, dtype=np.bool_)
     for r in range(runs.shape[1] - 1, -1, -1):
         start, d, p, entries = runs[i, r, 0], runs[i, r, 1], runs[i, r, 2], runs[i, r, 3]
         # a, b: the entries of key v, as offsets into the run
@@ -319,16 +328,19 @@ def frequent(s, s_open, open_len, g, with_g, context, pw, levels, mask, want, k,
     tokens under `worth` (`agentspec.frequency.expected_accepted`; an empty one: its
     probabilities summed)."""
     s_buf, g_buf = s[BUF], g[BUF]
-    ctx = np.where(context < 0, _NEVER, context).astype(np.int32)
+    ctx = _as_ids(context)
     L = len(ctx)
-    out_s, out_g = np.empty(want, dtype=np.int32), np.empty(want, dtype=np.int32)
+    # (few allocations: each costs more between the interpreter's work than in a loop)
+    out, ok = np.empty(2 * want, dtype=np.int32), np.empty(BLOCK, dtype=np.bool_)
+    out_s, out_g = out[:want], out[want:]
     conts = np.empty((2 * want, max(min(L, max_context), 1)), dtype=np.int32)
-    lens = np.empty(2 * want, dtype=np.int64)
-    rows = np.empty(2 * want, dtype=np.int64)
-    tokens, probs, evidence = np.empty(k, dtype=np.int32), np.empty(k), np.empty(k, np.int64)
-    classes = np.empty(k, np.int64)
+    lens_rows = np.empty((2, 2 * want), dtype=np.int64)
+    lens, rows = lens_rows[0], lens_rows[1]
+    path = np.empty((3, k), dtype=np.int64)
+    tokens, evidence, classes = path[0], path[1], path[2]
+    floats = np.zeros(k + 2)
+    probs, scores = floats[:k], floats[k:]
     found[:6] = 0
-    scores = np.zeros(2)
     for i in range(len(levels) - 1, -1, -1):
         q = levels[i]
         if q > L or q > max_context:
@@ -339,8 +351,8 @@ def frequent(s, s_open, open_len, g, with_g, context, pw, levels, mask, want, k,
         if scores[0] >= min(top, k) and scores[1] >= min(top, k):  # a path after m tokens
             break  # has at most m, each no likelier than 1: neither this level nor shorter
         v = _key(ctx, L, q, pw, mask)
-        n_s = _recent(s, i, v, ctx, q, out_s)
-        n_g = _recent(g, i, v, ctx, q, out_g) if with_g else 0
+        n_s = _recent(s, i, v, ctx, q, out_s, ok)
+        n_g = _recent(g, i, v, ctx, q, out_g, ok) if with_g else 0
         if n_s + n_g == 0:
             continue
         n = n_s + n_g
@@ -427,10 +439,10 @@ def _frequency_class(share, evidence, share_edges, evidence_edges):
 
 
 @njit(cache=True)
-def _recent(corpus, i, v, ctx, q, out):
+def _recent(corpus, i, v, ctx, q, out, ok):
     """The most recent len(out) occurrences of the context's last q tokens (level i, key v)
-    into out, most recent first; returns how many."""
-    _, n = _find(corpus, i, v, ctx, q, q, out)
+    into out, most recent first; returns how many (ok: as `_find`'s)."""
+    _, n = _find(corpus, i, v, ctx, q, q, out, ok)
     return n
 
 
@@ -454,8 +466,8 @@ def _path(conts, rows, unwritten, cap, min_prob, tokens, probs, evidence):
     the path continue with (a tie goes to the most recent), its probability the product of
     those shares; it stops before a token whose probability falls under min_prob. Fills
     tokens, probs and evidence (how many rows continue with each token), returns its
-    length."""
-    alive = rows.copy()  # rows still on the path
+    length. rows is left holding, first, the rows still on the path."""
+    alive = rows  # rows still on the path
     n, p, j = len(alive), 1.0, 0
     while j < cap and n > 0:
         others = unwritten if j == 0 else 0  # occurrences whose next token is not known
