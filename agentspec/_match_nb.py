@@ -152,15 +152,22 @@ def lookup(corpus, context, pw, levels, first, mask, want, k, a, b):
     top = 0
     while top + 1 < len(levels) and levels[top + 1] <= L:
         top += 1
-    out, ok = np.empty(want, dtype=np.int32), np.empty(BLOCK, dtype=np.bool_)
-    for i in range(top, first - 1, -1):  # (levels below `first` are frequency's only)
+    # from the shortest level up, until one has no occurrence: a context's last q tokens
+    # occur only where its shorter suffixes do, and most lookups find none (or a short one)
+    outs, ok = np.empty((2, want), dtype=np.int32), np.empty(BLOCK, dtype=np.bool_)
+    best_m, best_n, best = 0, 0, 0
+    for i in range(first, top + 1):  # (levels below `first` are frequency's only)
         q = levels[i]
         cap = levels[i + 1] - 1 if i < top else L
         v = _key(ctx, L, q, pw, mask)
-        m, n = _find(corpus, i, v, ctx, q, cap, out, ok)
-        if n:
-            chosen, members, agreed, cont = _vote(buf, out[:n], k)
-            return m, chosen, n, members, agreed, cont, tail_len
+        at = 1 - best if best_n else 0
+        m, n = _find(corpus, i, v, ctx, q, cap, outs[at], ok)
+        if not n:
+            break
+        best_m, best_n, best = m, n, at
+    if best_n:
+        chosen, members, agreed, cont = _vote(buf, outs[best, :best_n], k)
+        return best_m, chosen, best_n, members, agreed, cont, tail_len
     return 0, 0, 0, 0, 0, 0, tail_len
 
 
