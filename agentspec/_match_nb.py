@@ -338,30 +338,36 @@ def frequent(s, s_open, open_len, g, with_g, context, pw, levels, mask, want, k,
     ctx = _as_ids(context)
     L = len(ctx)
     # (few allocations: each costs more between the interpreter's work than in a loop)
-    out, ok = np.empty(2 * want, dtype=np.int32), np.empty(BLOCK, dtype=np.bool_)
-    out_s, out_g = out[:want], out[want:]
+    outs, ok = np.empty((len(levels), 2 * want), dtype=np.int32), np.empty(BLOCK, np.bool_)
     conts = np.empty((2 * want, max(min(L, max_context), 1)), dtype=np.int32)
     lens_rows = np.empty((2, 2 * want), dtype=np.int64)
     lens, rows = lens_rows[0], lens_rows[1]
     path = np.empty((3, k), dtype=np.int64)
     tokens, evidence, classes = path[0], path[1], path[2]
+    counts = np.empty(2 * len(levels), dtype=np.int64)  # each level's from s, from g
     floats = np.zeros(k + 2)
     probs, scores = floats[:k], floats[k:]
     found[:6] = 0
-    for i in range(len(levels) - 1, -1, -1):
-        q = levels[i]
-        if q > L or q > max_context:
-            continue
+    # the occurrences of each level, from the shortest up to the first that has none in
+    # either corpus: a context's last q tokens occur only where its shorter suffixes do,
+    # and most long contexts occur nowhere
+    read = 0
+    while read < len(levels) and levels[read] <= min(L, max_context):
+        q, out_s, out_g = levels[read], outs[read, :want], outs[read, want:]
+        v = _key(ctx, L, q, pw, mask)
+        counts[2 * read] = _recent(s, read, v, ctx, q, out_s, ok)
+        counts[2 * read + 1] = _recent(g, read, v, ctx, q, out_g, ok) if with_g else 0
+        if counts[2 * read] + counts[2 * read + 1] == 0:
+            break
+        read += 1
+    for i in range(read - 1, -1, -1):
+        q, out_s, out_g = levels[i], outs[i, :want], outs[i, want:]
         # each occurrence's context length up to the next level's (or max_context): a path
         # is drafted after every length found, from the occurrences at least that long
         top = min(L, max_context, levels[i + 1] - 1 if i + 1 < len(levels) else L)
         if scores[0] >= min(top, k) and scores[1] >= min(top, k):  # a path after m tokens
             break  # has at most m, each no likelier than 1: neither this level nor shorter
-        v = _key(ctx, L, q, pw, mask)
-        n_s = _recent(s, i, v, ctx, q, out_s, ok)
-        n_g = _recent(g, i, v, ctx, q, out_g, ok) if with_g else 0
-        if n_s + n_g == 0:
-            continue
+        n_s, n_g = counts[2 * i], counts[2 * i + 1]
         n = n_s + n_g
         _gather(s_buf, out_s[:n_s], ctx, top, min(top, k), conts[:n_s], lens[:n_s])
         _gather(g_buf, out_g[:n_g], ctx, top, min(top, k), conts[n_s:n], lens[n_s:n])
