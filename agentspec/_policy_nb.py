@@ -8,6 +8,9 @@ cost the interpreter more than the kernels' own work. Here all of it is one call
 
 from __future__ import annotations
 
+import hashlib
+from pathlib import Path
+
 import numpy as np
 from numba import njit
 
@@ -269,3 +272,34 @@ def _write_copy(buf, looked, end, max_k, repeat, kinds, token_classes, before, r
         if len(token_classes):
             rows[j] += token_classes[min(token, len(token_classes) - 1)]
     return length
+
+
+def drop_stale_cache(folder: Path, stem: str, digest: str) -> None:
+    """Drop the cached kernels of module `stem` in `folder` unless they were compiled from
+    the sources whose `digest` is given, then mark the folder with it.
+
+    numba keys a cached function to its own file only, but this module's kernels compile
+    in those of `_match_nb` and `_accept_nb` and two constants of other modules. A pull or
+    an edit that changed those and left this file alone would run stale code: against
+    today's layouts (a changed tuple or mask is a crash), or measured as if new."""
+    stamp = folder / f"{stem}.depends"
+    if stamp.is_file() and stamp.read_text() == digest:
+        return
+    for cached in folder.glob(f"{stem}.*.nb[ic]"):
+        cached.unlink()
+    stamp.write_text(digest)
+
+
+def _sources_digest() -> str:
+    """What this module's kernels compile in from elsewhere."""
+    here = Path(__file__)
+    sources = b"".join(here.with_name(name).read_bytes()
+                       for name in ("_match_nb.py", "_accept_nb.py"))
+    return hashlib.sha256(sources + repr((DECAY, WORTH_EVERY)).encode()).hexdigest()
+
+
+try:  # (where numba keeps this module's cache; another numba's layout, or no cache: skip)
+    drop_stale_cache(Path(plan_request._cache._cache_path), Path(__file__).stem,
+                     _sources_digest())
+except (AttributeError, OSError):
+    pass

@@ -557,6 +557,26 @@ def test_building_a_policy_compiles_the_kernels_its_steps_call():
     assert out.stdout.strip() == "[]"
 
 
+@pytest.mark.skipif(_policy_nb is None, reason="the compiled plan needs numba")
+def test_the_plans_cache_is_dropped_when_a_kernel_it_compiles_in_changes(tmp_path):
+    # numba keys a cached function to its own file; the plan compiles in the corpora's and
+    # the acceptance model's kernels, so their change must drop its cache too
+    def cached():
+        return sorted(p.name for p in tmp_path.iterdir())
+
+    for name in ("_policy_nb.plan_request-23.py311.nbi",
+                 "_policy_nb.plan_request-23.py311.1.nbc", "_match_nb.lookup-131.py311.nbi"):
+        (tmp_path / name).write_text("")
+    _policy_nb.drop_stale_cache(tmp_path, "_policy_nb", "one")
+    assert cached() == ["_match_nb.lookup-131.py311.nbi", "_policy_nb.depends"]
+    (tmp_path / "_policy_nb.keep-40.py311.nbi").write_text("")  # compiled from "one"
+    _policy_nb.drop_stale_cache(tmp_path, "_policy_nb", "one")
+    assert "_policy_nb.keep-40.py311.nbi" in cached()
+    _policy_nb.drop_stale_cache(tmp_path, "_policy_nb", "two")
+    assert cached() == ["_match_nb.lookup-131.py311.nbi", "_policy_nb.depends"]
+    assert (tmp_path / "_policy_nb.depends").read_text() == "two"
+
+
 def test_agreement_says_where_two_candidates_part():
     assert agreement([1, 2, 3, 4], [1, 2, 5]).tolist() == [AGREES, AGREES, DIFFERS, DIFFERS]
     assert agreement([1, 2, 3], [1, 2]).tolist() == [AGREES, AGREES, ALONE]
