@@ -350,13 +350,27 @@ def frequent(s, s_open, open_len, g, with_g, context, pw, levels, mask, want, k,
     found[:6] = 0
     # the occurrences of each level, from the shortest up to the first that has none in
     # either corpus: a context's last q tokens occur only where its shorter suffixes do,
-    # and most long contexts occur nowhere
-    read = 0
+    # and most long contexts occur nowhere. Where a corpus had fewer than `want` of a
+    # level, those were all of them, so its longer levels' are among them: filtered, not
+    # looked up again
+    read, all_s, all_g = 0, False, False
     while read < len(levels) and levels[read] <= min(L, max_context):
         q, out_s, out_g = levels[read], outs[read, :want], outs[read, want:]
         v = _key(ctx, L, q, pw, mask)
-        counts[2 * read] = _recent(s, read, v, ctx, q, out_s, ok)
-        counts[2 * read + 1] = _recent(g, read, v, ctx, q, out_g, ok) if with_g else 0
+        if all_s:
+            counts[2 * read] = _longer(s_buf, outs[read - 1, :want], counts[2 * read - 2],
+                                       ctx, q, out_s)
+        else:
+            counts[2 * read] = _recent(s, read, v, ctx, q, out_s, ok)
+            all_s = counts[2 * read] < want
+        if not with_g:
+            counts[2 * read + 1] = 0
+        elif all_g:
+            counts[2 * read + 1] = _longer(g_buf, outs[read - 1, want:], counts[2 * read - 1],
+                                           ctx, q, out_g)
+        else:
+            counts[2 * read + 1] = _recent(g, read, v, ctx, q, out_g, ok)
+            all_g = counts[2 * read + 1] < want
         if counts[2 * read] + counts[2 * read + 1] == 0:
             break
         read += 1
@@ -457,6 +471,18 @@ def _recent(corpus, i, v, ctx, q, out, ok):
     into out, most recent first; returns how many (ok: as `_find`'s)."""
     _, n = _find(corpus, i, v, ctx, q, q, out, ok)
     return n
+
+
+@njit(cache=True)
+def _longer(buf, e, n, ctx, q, out):
+    """Of e[:n], occurrences of a shorter suffix of the context (most recent first), the
+    ones of its last q tokens, in order, into out; returns how many (`_recent`'s test)."""
+    r = 0
+    for j in range(n):
+        if _length(buf, e[j], ctx, q) == q:
+            out[r] = e[j]
+            r += 1
+    return r
 
 
 @njit(cache=True)
