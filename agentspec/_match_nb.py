@@ -159,9 +159,11 @@ def lookup(corpus, context, pw, levels, first, mask, want, k, a, b):
     for i in range(first, top + 1):  # (levels below `first` are frequency's only)
         q = levels[i]
         cap = levels[i + 1] - 1 if i < top else L
-        v = _key(ctx, L, q, pw, mask)
         at = 1 - best if best_n else 0
-        m, n = _find(corpus, i, v, ctx, q, cap, outs[at], ok)
+        if 0 < best_n < want:  # all of the level below's (see `frequent`): among them
+            m, n = _among(buf, outs[best, :best_n], ctx, q, cap, outs[at])
+        else:
+            m, n = _find(corpus, i, _key(ctx, L, q, pw, mask), ctx, q, cap, outs[at], ok)
         if not n:
             break
         best_m, best_n, best = m, n, at
@@ -357,17 +359,18 @@ def frequent(s, s_open, open_len, g, with_g, context, pw, levels, mask, want, k,
     while read < len(levels) and levels[read] <= min(L, max_context):
         q, out_s, out_g = levels[read], outs[read, :want], outs[read, want:]
         v = _key(ctx, L, q, pw, mask)
+        below_s, below_g = outs[read - 1, :want], outs[read - 1, want:]  # (where read > 0)
         if all_s:
-            counts[2 * read] = _longer(s_buf, outs[read - 1, :want], counts[2 * read - 2],
-                                       ctx, q, out_s)
+            counts[2 * read] = _among(s_buf, below_s[: counts[2 * read - 2]], ctx, q, q,
+                                      out_s)[1]
         else:
             counts[2 * read] = _recent(s, read, v, ctx, q, out_s, ok)
             all_s = counts[2 * read] < want
         if not with_g:
             counts[2 * read + 1] = 0
         elif all_g:
-            counts[2 * read + 1] = _longer(g_buf, outs[read - 1, want:], counts[2 * read - 1],
-                                           ctx, q, out_g)
+            counts[2 * read + 1] = _among(g_buf, below_g[: counts[2 * read - 1]], ctx, q, q,
+                                          out_g)[1]
         else:
             counts[2 * read + 1] = _recent(g, read, v, ctx, q, out_g, ok)
             all_g = counts[2 * read + 1] < want
@@ -474,15 +477,14 @@ def _recent(corpus, i, v, ctx, q, out, ok):
 
 
 @njit(cache=True)
-def _longer(buf, e, n, ctx, q, out):
-    """Of e[:n], occurrences of a shorter suffix of the context (most recent first), the
-    ones of its last q tokens, in order, into out; returns how many (`_recent`'s test)."""
-    r = 0
-    for j in range(n):
-        if _length(buf, e[j], ctx, q) == q:
-            out[r] = e[j]
-            r += 1
-    return r
+def _among(buf, e, ctx, q, cap, out):
+    """`_find` of a level whose occurrences are all among e (fewer than len(out), most
+    recent first: every occurrence of a shorter suffix of the context), by the same
+    test, in the same order."""
+    best, n = q - 1, 0
+    for j in range(len(e)):
+        best, n = _consider(buf, e[j], ctx, q, cap, out, best, n)
+    return best, n
 
 
 @njit(cache=True)
