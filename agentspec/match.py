@@ -35,7 +35,10 @@ Design (numpy, optionally numba; no per-token Python work):
   in the tail the token check rejects them); a run is merged into the previous one while
   that one is at most MERGE_FACTOR times larger (a linear merge: newer positions are
   always larger, so no re-sort).  Runs of at least DIR_MIN entries store keys as a 2**16
-  directory plus 16-bit low halves: 2 bytes per key instead of 4.
+  directory plus 16-bit low halves: 2 bytes per key instead of 4, and a lookup searches
+  only its key's directory slot, not the whole run (fewer cache misses in a large
+  corpus). From 2**16 entries: below, the directory's 256 KB a level outweighs what it
+  saves.
 * Lookup goes down the levels from the longest that fits the context.  The first level
   with a verified occurrence bounds the answer: m >= q there and m < the next level's q
   (which had none).  If the two are adjacent the answer is q and only the most recent
@@ -79,7 +82,7 @@ from agentspec.frequency import (EVIDENCE_EDGES, NO_DRAFT, SHARE_EDGES, Frequenc
 
 TAIL_MAX = 8192  # tokens whose entries stay in the unsorted tail before becoming a run
 MERGE_FACTOR = 4  # merge a run into the previous one while that one is <= this many times larger
-DIR_MIN = 1 << 18  # runs with this many entries (or more) keep keys as directory + low 16 bits
+DIR_MIN = 1 << 16  # runs with this many entries (or more) keep keys as directory + low 16 bits
 CHUNK = 1 << 18  # tokens indexed per vectorized pass (bounds transient memory)
 FLUSH_MIN = 2048  # extend indexes pending tokens once this many wait
 SCAN_CHUNK = 256  # candidates whose exact length is computed at once while scanning
