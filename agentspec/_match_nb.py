@@ -344,11 +344,14 @@ def frequent(s, s_open, open_len, g, with_g, context, pw, levels, mask, want, k,
     conts = np.empty((2 * want, max(min(L, max_context), 1)), dtype=np.int32)
     lens_rows = np.empty((2, 2 * want), dtype=np.int64)
     lens, rows = lens_rows[0], lens_rows[1]
-    path = np.empty((3, k), dtype=np.int64)
-    tokens, evidence, classes = path[0], path[1], path[2]
+    paths = np.empty((5, k), dtype=np.int64)  # each source's last tokens and evidence
+    classes = paths[4]
     counts = np.empty(2 * len(levels), dtype=np.int64)  # each level's from s, from g
-    floats = np.zeros(k + 2)
-    probs, scores = floats[:k], floats[k:]
+    floats = np.zeros(2 * k + 2)
+    scores = floats[2 * k :]
+    # each source's last path: over how many rows, with the context counted or not, and its
+    # length (a shorter m over the same rows has its prefix: no need to find it again)
+    last = np.empty((2, 3), dtype=np.int64)
     found[:6] = 0
     # the occurrences of each level, from the shortest up to the first that has none in
     # either corpus: a context's last q tokens occur only where its shorter suffixes do,
@@ -388,6 +391,7 @@ def frequent(s, s_open, open_len, g, with_g, context, pw, levels, mask, want, k,
         n = n_s + n_g
         _gather(s_buf, out_s[:n_s], ctx, top, min(top, k), conts[:n_s], lens[:n_s])
         _gather(g_buf, out_g[:n_g], ctx, top, min(top, k), conts[n_s:n], lens[n_s:n])
+        last[:, 0] = 0  # (no path over this level's rows yet)
         for m in range(top, q - 1, -1):
             # the context is an occurrence too, its next token unwritten, where its last m
             # tokens lie in the text being written (as a suffix tree over that text counts)
@@ -402,8 +406,14 @@ def frequent(s, s_open, open_len, g, with_g, context, pw, levels, mask, want, k,
                         r += 1
                 if r == 0:
                     continue
-                length = _path(conts, rows[:r], itself, min(m, k), min_prob, tokens, probs,
-                               evidence)
+                tokens, evidence = paths[2 * d], paths[2 * d + 1]
+                probs = floats[d * k : (d + 1) * k]
+                if r == last[d, 0] and itself == last[d, 1]:  # the rows of a longer m
+                    length = min(last[d, 2], m, k)
+                else:
+                    length = _path(conts, rows[:r], itself, min(m, k), min_prob, tokens, probs,
+                                   evidence)
+                    last[d, 0], last[d, 1], last[d, 2] = r, itself, length
                 score, before, reached = 0.0, 1.0, 1.0
                 for j in range(length):
                     classes[j] = _frequency_class(probs[j] / before, evidence[j], share_edges,
