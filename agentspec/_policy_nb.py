@@ -260,15 +260,17 @@ def _write_copy(buf, looked, end, max_k, repeat, kinds, token_classes, before, r
     runs up to the end of the buffer (a continuation stops before a boundary, so it ends
     there only in the open document, the output being written) repeats, with `repeat`,
     to max_k tokens, as `Policy._written` repeats it; its kind is kinds[0, 1 or 2] by the
-    agreement of its occurrences, as `policy.draft_kind` gives it."""
-    _, chosen, occurrences, agree, _, n, _ = looked
+    agreement of its occurrences, as `policy.draft_kind` gives it, and kinds[3 or 4] past
+    the common prefix of the occurrences' continuations."""
+    _, chosen, occurrences, agree, agreed, n, _ = looked
     length = max_k if repeat and 0 < n < max_k and chosen + n == end else n
-    kind = kinds[0 if occurrences <= 1 else 1 if agree == occurrences else 2]
+    agreement = 0 if occurrences <= 1 else 1 if agree == occurrences else 2
+    kind, parted = kinds[agreement], kinds[agreement + 2 if agreement else 0]
     ids[0] = before
     for j in range(length):
         token = buf[chosen + j % n]
         ids[j + 1] = token
-        rows[j] = kind
+        rows[j] = kind if j < agreed else parted
         if len(token_classes):
             rows[j] += token_classes[min(token, len(token_classes) - 1)]
     return length

@@ -295,8 +295,12 @@ class CostAware:
         """The match's continuation as a candidate (None: no match)."""
         if not m.length:
             return None
-        return self._candidate(policy, m.tokens[:policy.config.max_k], m.length,
-                               policy.acceptance.kind(source), r.tokens[-1] if r.tokens else 0)
+        kind = policy.acceptance.kind(source)
+        c = self._candidate(policy, m.tokens[:policy.config.max_k], m.length, kind,
+                            r.tokens[-1] if r.tokens else 0)
+        if m.candidates > 1 and m.agreed < len(c.rows):  # (see draft_kind)
+            c.rows[m.agreed:] += policy.acceptance.kind(source + PARTED) - kind
+        return c
 
     def _frequent(self, policy: Policy, r: Request, context: np.ndarray, k: int, depth: int,
                   prefix_ids: np.ndarray, prefix_rows: np.ndarray) -> Candidate | None:
@@ -666,8 +670,13 @@ def draft_kind(source: str, m: Match) -> str:
     """What the acceptance model keeps a hazard curve for, beside the role: the corpus and
     whether the match's occurrences agree on what follows ("1": one occurrence, "=": all
     agree, "~": split). A continuation every earlier occurrence took is likelier to be taken
-    again than one a vote picked."""
+    again than one a vote picked. A copy's tokens past the common prefix of its occurrences'
+    continuations (`Match.agreed`) have that kind + PARTED ("S=>", "W~>"): there the
+    occurrences it agreed with went on differently."""
     return source + occurrences_agree(m.candidates, m.agree)
+
+
+PARTED = ">"  # (see draft_kind)
 
 
 def occurrences_agree(occurrences: int, agree: int) -> str:
@@ -735,9 +744,11 @@ class Policy:
         # plans in one compiled call (CostAware._plan_compiled) where every kernel it
         # stands for is in use: the corpora's and the acceptance model's
         self.compiled = _nb is not None and match._nb is not None and allocator._nb is not None
-        # the kinds of copies from S, by draft_kind's agreement ("1", "=", "~"), as a
-        # compiled plan that looks the copy up itself gives them (see propose)
-        self.copy_kinds = np.array([self.acceptance.kind("S" + a) for a in "1=~"])
+        # the kinds of copies from S, by draft_kind's agreement ("1", "=", "~", then past
+        # the occurrences' common prefix), as a compiled plan that looks the copy up itself
+        # gives them (see propose)
+        self.copy_kinds = np.array([self.acceptance.kind("S" + a)
+                                    for a in ("1", "=", "~", "=" + PARTED, "~" + PARTED)])
         # whether a compiled plan may: MostExpected takes a lone match as it is
         self._lookup_in_plan = isinstance(config.length, CostAware) \
             and isinstance(config.choose, MostExpected)

@@ -8,7 +8,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from agentspec.allocator import (AGREES, ALONE, COPY_BINS, DIFFERS, MODIFIERS, TOKEN_CLASSES,
+from agentspec.allocator import (AGREES, ALONE, COPY_BINS, DIFFERS, KIND_SHIFT, MODIFIERS,
+                                 TOKEN_CLASSES,
                                  AcceptanceModel, agentspec_lengths, agreement, copy_bin,
                                  hazard_counts, redundancy, scored)
 from agentspec.controller import Controller, KmaxError, KmaxTable, load_kmax
@@ -491,6 +492,23 @@ def test_draft_kind_tells_agreeing_occurrences_from_a_vote():
     assert (p.running["r"].source, p.running["q"].source) == ("S~", "S=")
 
 
+@pytest.mark.parametrize("compiled", [True, False] if _policy_nb is not None else [False])
+def test_a_copy_past_its_occurrences_common_prefix_has_a_kind_of_its_own(compiled):
+    # [1, 2, 3] went on with 4, 5, 6 both times, then with 7 once and 8 once: the copy's
+    # first three tokens are what every occurrence said, the rest only the most recent's
+    full = ladder()["full"]
+    p = Policy(replace(full, length=replace(full.length, frequency=False)))
+    p.compiled = p.compiled and compiled
+    p.register("A", PROMPT, [1, 2, 3, 4, 5, 6, 7, 9, 1, 2, 3, 4, 5, 6, 8, 9])
+    r = request("r", "A", [0, 1, 2, 3])
+    p.start(r)
+    p.propose([r])
+    (copy,), _, _ = p.running["r"].step()
+    names = {row: name for name, row in p.acceptance.kinds.items()}
+    assert copy.tokens == [4, 5, 6, 8, 9]
+    assert [names[int(row) >> KIND_SHIFT] for row in copy.rows] == ["S="] * 3 + ["S=>"] * 2
+
+
 @pytest.mark.parametrize("change, named", [
     ({"length": "costly"}, "policy 'x': length='costly' is not a length strategy (Fixed, Alpha, "
                            "Algorithm2, CostAware)"),
@@ -622,7 +640,7 @@ def test_the_compiled_plan_drafts_as_the_reference(name, padded):
                 for _ in range(2)]
     policies[1].compiled = False
     assert policies[0].compiled
-    continued, looked_up, sources, said = 0, set(), set(), set()
+    continued, looked_up, sources, said, parted = 0, set(), set(), set(), 0
     for call in range(4):
         prompt, targets, file = text(30), [text(12), text(12)], text(10)
         rows = []
@@ -652,6 +670,8 @@ def test_the_compiled_plan_drafts_as_the_reference(name, padded):
                 continued += "+" in a_key
                 said.update(int(row) % MODIFIERS // TOKEN_CLASSES
                             for c in a_candidates for row in c.rows)
+                parted += any(int(row) >> KIND_SHIFT == policies[0].acceptance.kinds["S=>"]
+                              for c in a_candidates for row in c.rows)
                 looked_up.add(a.looks_up)
                 sources.add(a.source[:1])
                 written = len(rows[0][i].tokens) - len(prompt)
@@ -665,6 +685,7 @@ def test_the_compiled_plan_drafts_as_the_reference(name, padded):
                 p.finish(r)
     assert continued > 0 and looked_up == {True, False} and {"S", "B", "W"} <= sources
     assert said == {ALONE, AGREES, DIFFERS}  # (every rung here has agreement)
+    assert parted  # (copies past their occurrences' common prefix, planned alike)
     # and both learned alike: the kernel from inside the next plan, Python before it
     a, b = (p.acceptance for p in policies)
     assert np.array_equal(a.bias, b.bias) and np.array_equal(a.rate_sums, b.rate_sums)
