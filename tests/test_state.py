@@ -115,9 +115,9 @@ BAD = [  # (what is wrong, how to make it so, what the error says)
     ("no header", lambda p, t: _tampered(p, header=None), "no valid header"),
     ("another format", lambda p, t: _tampered(p, header=_header(tokenizer=t, format="x/9")),
      "format 'x/9'"),
-    ("an older agentspec's",  # (rows of 4 modifiers a kind, not 16)
-     lambda p, t: _tampered(p, header=_header(tokenizer=t, format="agentspec.state/1")),
-     "format 'agentspec.state/1', not 'agentspec.state/2' (pass another --state"),
+    ("an older agentspec's",  # (its kinds without S=> and S~>)
+     lambda p, t: _tampered(p, header=_header(tokenizer=t, format="agentspec.state/2")),
+     "format 'agentspec.state/2', not 'agentspec.state/3' (pass another --state"),
     ("another method", lambda p, t: _tampered(p, header=_header(tokenizer=t, method="global")),
      "learned with method 'global', not 'full'"),
     ("another vocabulary", lambda p, t: _tampered(p, header=_header(tokenizer="0" * 16)),
