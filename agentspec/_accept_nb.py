@@ -24,25 +24,28 @@ def _hazard(t, h, kt, kh, pt, ph, row, b, width, kind_shift, weight):
 
 
 @njit(cache=True)
-def _token_key(ids, j, which, bits):
-    """allocator.token_keys of draft token j (`ids` holds the token before the draft first):
-    which = 0 its id, 1 the id before it, 2 the pair."""
+def _token_key(ids, j, which, bits, kind):
+    """allocator.token_keys of draft token j (`ids` holds the token before the draft first)
+    of kind `kind`: which = 0 its id, 1 the id before it, 2 the pair, 3 the id with its
+    kind."""
     mask = (1 << bits) - 1
     if which == 0:
         return ids[j + 1] & mask
     if which == 1:
         return (ids[j] & mask) + (1 << bits)
-    pair = ((np.uint64(ids[j]) << np.uint64(20)) + np.uint64(ids[j + 1])) * _MIX
-    return np.int64(pair >> np.uint64(64 - bits)) + (2 << bits)
+    first = ids[j] if which == 2 else kind
+    pair = ((np.uint64(first) << np.uint64(20)) + np.uint64(ids[j + 1])) * _MIX
+    return np.int64(pair >> np.uint64(64 - bits)) + (which << bits)
 
 
 @njit(cache=True)
-def _with_offset(hz, bias, ids, j, bits):
+def _with_offset(hz, bias, ids, j, bits, kind):
     """The hazard with draft token j's logit offset (none when `ids` is empty)."""
     if len(ids) == 0:
         return hz
-    z = bias[_token_key(ids, j, 0, bits)] + bias[_token_key(ids, j, 1, bits)] \
-        + bias[_token_key(ids, j, 2, bits)]
+    z = 0.0
+    for which in range(4):
+        z += bias[0, _token_key(ids, j, which, bits, kind)]
     if z == 0.0:
         return hz
     hz = min(max(hz, 1e-6), 1.0 - 1e-6)  # (allocator.with_offset clips the same)
@@ -59,7 +62,7 @@ def best_length(t, h, kt, kh, pt, ph, rows, m, n, bin_of, width, pad, kind_shift
     for j in range(min(n, len(costs) - 1)):
         b = bin_of[min(m + j, len(bin_of) - 1)] + pad
         hz = _hazard(t, h, kt, kh, pt, ph, rows[j], b, width, kind_shift, weight)
-        p *= _with_offset(hz, bias, ids, j, bits)
+        p *= _with_offset(hz, bias, ids, j, bits, rows[j] >> kind_shift)
         total += p
         gain = total - rate * costs[j + 1]
         if gain > best:
@@ -88,7 +91,7 @@ def expected(t, h, kt, kh, pt, ph, rows, m, n, bin_of, width, pad, kind_shift, w
     for j in range(n):
         b = bin_of[min(m + j, len(bin_of) - 1)] + pad
         hz = _hazard(t, h, kt, kh, pt, ph, rows[j], b, width, kind_shift, weight)
-        p *= _with_offset(hz, bias, ids, j, bits)
+        p *= _with_offset(hz, bias, ids, j, bits, rows[j] >> kind_shift)
         total += p
     return total
 
@@ -118,10 +121,12 @@ def observe(t, h, kt, kh, pt, ph, rows, m, reached, matched, bin_of, width, pad,
         for j in range(reached):
             b = bin_of[min(m + j, len(bin_of) - 1)] + pad
             hz = _hazard(t, h, kt, kh, pt, ph, rows[j], b, width, kind_shift, weight)
-            p = _with_offset(hz, bias, ids, j, bits)
-            step = bias_rate * ((1.0 if j < matched else 0.0) - p)
-            for which in range(3):
-                bias[_token_key(ids, j, which, bits)] += step
+            kind = rows[j] >> kind_shift
+            error = (1.0 if j < matched else 0.0) - _with_offset(hz, bias, ids, j, bits, kind)
+            for which in range(4):  # (AdaGrad: see allocator.BIAS_RATE)
+                key = _token_key(ids, j, which, bits, kind)
+                bias[1, key] += error * error
+                bias[0, key] += bias_rate * error / np.sqrt(1.0 + bias[1, key])
     for halve in range(2):
         for j in range(reached):
             b = bin_of[min(m + j, len(bin_of) - 1)] + pad

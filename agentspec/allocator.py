@@ -117,11 +117,15 @@ Kinds = Union[str, np.ndarray]  # one kind for a whole draft, or each token's ro
 
 # What no row knows: the draft tokens themselves. Which words the served model writes as the
 # corpora do, and after which words, is content: each draft token's hazard also takes a
-# logit offset, the sum of one per token id, one per id of the token before it and one per
-# pair of the two (hashed), learned online by a step toward every scored position's outcome.
-# (On the recorded traces they cut the log loss of first-token predictions by ~13%.)
+# logit offset, the sum of one per token id, one per id of the token before it, one per pair
+# of the two and one per token id within its draft kind (hashed; a copy's token and a path's
+# of the same id are taken differently), learned online by a step toward every scored
+# position's outcome.
+# (On the recorded traces they cut the log loss of first-token predictions by ~13%.) Each
+# offset's step shrinks with the squared errors it has taken (AdaGrad's per-coordinate rate):
+# a common token's offset settles, a rare one's still moves fast.
 BIAS_BITS = 17  # entries of each offset table (ids past it share entries)
-BIAS_RATE = 0.2  # the step, per scored position
+BIAS_RATE = 0.6  # an offset's step: BIAS_RATE * error / sqrt(1 + its squared errors so far)
 _MIX = np.uint64(0x9E3779B97F4A7C15)  # odd: pairs spread over the table's entries
 NO_IDS = np.zeros(0, dtype=np.int64)  # a draft without its tokens: no offsets
 
@@ -131,15 +135,22 @@ def draft_ids(before: int, tokens: Sequence[int]) -> np.ndarray:
     return np.array([before, *tokens], dtype=np.int64)
 
 
-def token_keys(ids: np.ndarray) -> np.ndarray:
-    """(3, n): where the logit offsets of draft tokens ids[1:] (`draft_ids`) lie in
-    AcceptanceModel.bias: each token's id, the id before it, and the pair."""
+def token_keys(ids: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """(4, n): where the logit offsets of draft tokens ids[1:] (`draft_ids`), of rows `rows`,
+    lie in AcceptanceModel.bias: each token's id, the id before it, the pair, and the id
+    with its kind."""
     u = ids.astype(np.uint64)
     before, token = u[:-1], u[1:]
+    kind = (np.asarray(rows) >> KIND_SHIFT).astype(np.uint64)
     mask = np.uint64((1 << BIAS_BITS) - 1)
-    pair = ((before << np.uint64(20)) + token) * _MIX >> np.uint64(64 - BIAS_BITS)
     return np.stack([token & mask, (before & mask) + np.uint64(1 << BIAS_BITS),
-                     pair + np.uint64(2 << BIAS_BITS)]).astype(np.intp)
+                     _hashed(before, token) + np.uint64(2 << BIAS_BITS),
+                     _hashed(kind, token) + np.uint64(3 << BIAS_BITS)]).astype(np.intp)
+
+
+def _hashed(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Pairs (a, b) spread over an offset table's entries."""
+    return ((a << np.uint64(20)) + b) * _MIX >> np.uint64(64 - BIAS_BITS)
 
 
 def with_offset(hazard: float, z: float) -> float:
@@ -230,7 +241,8 @@ class AcceptanceModel:
         self.ratios = np.ones(8)
         self.sent_sums = np.full((8, 2), SENT_PRIOR)
         self._slots: dict[tuple[str, ...], np.ndarray] = {}
-        self.bias = np.zeros(3 << BIAS_BITS)  # the draft tokens' logit offsets (token_keys)
+        # the draft tokens' logit offsets (token_keys), and each one's squared errors so far
+        self.bias = np.zeros((2, 4 << BIAS_BITS))
         self.calibrate_sent = calibrate_sent
 
     @property
@@ -301,9 +313,10 @@ class AcceptanceModel:
         kinds = [str(k) for k in state["kinds"]]
         if kinds[: len(self.kinds)] != list(self.kinds):
             raise ValueError("its draft kinds are not this policy's (another method's state?)")
-        if state["bias"].shape != self.bias.shape or not np.isfinite(state["bias"]).all():
-            raise ValueError(f"token offsets of shape {state['bias'].shape} (or not finite), "
-                             f"not {self.bias.shape}")
+        bias = state["bias"]
+        if bias.shape != self.bias.shape or not np.isfinite(bias).all() or (bias[1] < 0).any():
+            raise ValueError(f"token offsets of shape {bias.shape} (or not finite, or with "
+                             f"negative squared errors), not {self.bias.shape}")
         if state["rate"].shape != (2,) or not (state["rate"] > 0).all():
             raise ValueError("R's sums must be two positive numbers")
         sent = state["sent"]
@@ -438,8 +451,8 @@ class AcceptanceModel:
         kind = self._kind_hazard(role, kind_cells, at)
         hazards = (h[cells] + w * kind) / (t[cells] + w)
         if len(ids):
-            z = self.bias[token_keys(ids[: n + 1])]
-            hazards = np.array([with_offset(x, z[0, j] + z[1, j] + z[2, j])
+            z = self.bias[0][token_keys(ids[: n + 1], self._rows(source, n))]
+            hazards = np.array([with_offset(x, z[0, j] + z[1, j] + z[2, j] + z[3, j])
                                 for j, x in enumerate(hazards)])
         return hazards
 
@@ -507,12 +520,14 @@ class AcceptanceModel:
             return
         if len(ids):
             hazards = self._hazards(role, m, source, reached)
-            keys = token_keys(ids[: reached + 1])
+            keys = token_keys(ids[: reached + 1], self._rows(source, reached))
             for j in range(reached):  # in order: a later position sees the earlier's steps
-                z = self.bias[keys[:, j]]
-                p = with_offset(hazards[j], z[0] + z[1] + z[2])
+                z = self.bias[0, keys[:, j]]
+                p = with_offset(hazards[j], z[0] + z[1] + z[2] + z[3])
+                error = (1.0 if j < matched else 0.0) - p
                 for key in keys[:, j]:
-                    self.bias[key] += BIAS_RATE * ((1.0 if j < matched else 0.0) - p)
+                    self.bias[1, key] += error * error
+                    self.bias[0, key] += BIAS_RATE * error / math.sqrt(1.0 + self.bias[1, key])
         cells, kind_cells, at = self._cells(m, source, reached)
         weight = _SPREAD_ROWS[:reached]  # each position adds _SPREAD around its bin
         weight_hit = weight.copy()

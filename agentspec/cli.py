@@ -876,7 +876,7 @@ def serve_cmd(
     cost_profile: Optional[Path] = typer.Option(None, help="Cost profile (agentspec.cost/1); "
                                                 "default: this machine's, measured on first use."),
     state: Optional[Path] = typer.Option(None, help="Where what the drafter learns is kept "
-                                         "across runs (agentspec.state/3); default: one file "
+                                         "across runs (agentspec.state/4); default: one file "
                                          "per model, dtype and method under AGENTSPEC_HOME."),
     no_state: bool = typer.Option(False, "--no-state", help="Start from nothing learned, and "
                                   "keep nothing."),

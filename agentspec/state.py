@@ -7,7 +7,7 @@ profiling split (`Policy.serve_recorded`); a server that restarts would lose all
 learn it again from its first requests. So a server saves its drafter's `state()` now and
 then and when it stops, and a new run with the same file takes it back.
 
-The file (format agentspec.state/3, docs/formats/state.md) is a numpy .npz archive, no
+The file (format agentspec.state/4, docs/formats/state.md) is a numpy .npz archive, no
 pickled objects: "header", a JSON text naming the format, the method, the model and a
 digest of the tokenizer's vocabulary, then the drafter's named arrays. Token ids mean
 nothing under another vocabulary, and kinds and tables are a method's own, so a state of
@@ -37,7 +37,7 @@ from agentspec.drafter import Drafter
 
 log = logging.getLogger("agentspec.state")
 
-FORMAT = "agentspec.state/3"
+FORMAT = "agentspec.state/4"
 SAVE_EVERY = 16  # finished requests between two saves of a server's drafter state
 
 

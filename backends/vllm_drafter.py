@@ -37,7 +37,7 @@ Environment of the engine process:
     AGENTSPEC_MAX_SESSIONS  sessions kept (default 64); the least recently used one without a
                             running request is dropped first
     AGENTSPEC_VLLM_STATS    a file path: the drafter's counts, rewritten as JSON per finish
-    AGENTSPEC_VLLM_STATE    a file path (agentspec.state/3): what the policy learned, taken
+    AGENTSPEC_VLLM_STATE    a file path (agentspec.state/4): what the policy learned, taken
                             back when the engine starts, saved every 16 finished requests
                             and whenever no request is left running
 

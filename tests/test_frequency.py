@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from agentspec import allocator
-from agentspec.allocator import (BIAS_BITS, MODIFIERS, NO_IDS, TOKEN_CLASSES, AcceptanceModel,
-                                 draft_ids, token_classes, token_keys)
+from agentspec.allocator import (BIAS_BITS, KIND_SHIFT, MODIFIERS, NO_IDS, TOKEN_CLASSES,
+                                 AcceptanceModel, draft_ids, token_classes, token_keys)
 from agentspec.costs import linear_costs
 from agentspec.drafter import PROMPT, Request
 from agentspec.frequency import FREQUENCY_CLASSES, frequency_classes
@@ -104,10 +104,14 @@ def test_token_offsets_learn_what_the_rows_cannot_tell_apart(monkeypatch, kernel
 
 
 def test_token_keys_put_each_offset_in_its_own_table():
-    keys = token_keys(draft_ids(5, [7, 7]))
+    copy, path = 1 << KIND_SHIFT, 2 << KIND_SHIFT  # (rows of two kinds)
+    keys = token_keys(draft_ids(5, [7, 7]), np.array([copy, copy + 1]))
     size = 1 << BIAS_BITS
     assert keys[0].tolist() == [7, 7] and keys[1].tolist() == [size + 5, size + 7]
     assert all(2 * size <= k < 3 * size for k in keys[2]) and keys[2][0] != keys[2][1]
+    # the id within its kind: one key for a kind's rows, another for another kind's
+    assert all(3 * size <= k < 4 * size for k in keys[3]) and keys[3][0] == keys[3][1]
+    assert token_keys(draft_ids(5, [7]), np.array([path]))[3][0] != keys[3][0]
 
 
 # --- the numba kernels give the numpy path's answers ------------------------------------------

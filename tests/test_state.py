@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from agentspec import allocator
 from agentspec.bench import BenchSetup, make_drafter
 from agentspec.drafter import Plain
 from agentspec.replay import replay
@@ -115,9 +116,9 @@ BAD = [  # (what is wrong, how to make it so, what the error says)
     ("no header", lambda p, t: _tampered(p, header=None), "no valid header"),
     ("another format", lambda p, t: _tampered(p, header=_header(tokenizer=t, format="x/9")),
      "format 'x/9'"),
-    ("an older agentspec's",  # (its kinds without S=> and S~>)
-     lambda p, t: _tampered(p, header=_header(tokenizer=t, format="agentspec.state/2")),
-     "format 'agentspec.state/2', not 'agentspec.state/3' (pass another --state"),
+    ("an older agentspec's",  # (its offsets without their squared errors)
+     lambda p, t: _tampered(p, header=_header(tokenizer=t, format="agentspec.state/3")),
+     "format 'agentspec.state/3', not 'agentspec.state/4' (pass another --state"),
     ("another method", lambda p, t: _tampered(p, header=_header(tokenizer=t, method="global")),
      "learned with method 'global', not 'full'"),
     ("another vocabulary", lambda p, t: _tampered(p, header=_header(tokenizer="0" * 16)),
@@ -126,6 +127,9 @@ BAD = [  # (what is wrong, how to make it so, what the error says)
      "no array 'bias'"),
     ("offsets cut short", lambda p, t: _tampered(p, **{"acceptance/bias": np.zeros(5)}),
      "token offsets of shape (5,)"),
+    ("negative squared errors",
+     lambda p, t: _tampered(p, **{"acceptance/bias": -np.ones((2, 3 << allocator.BIAS_BITS))}),
+     "negative squared errors"),
     ("negative counts", lambda p, t: _tampered(p, **{"acceptance/pool/0": -np.ones((2, 68))}),
      "not one of (trials, hits) counts"),
     ("G's lengths off", lambda p, t: _tampered(p, **{"g/lengths": np.array([1, 2])}),

@@ -167,7 +167,7 @@ def test_the_drafter_keeps_what_it_learned_across_engine_runs(vllm_servers):
     drafter.stop()
     with np.load(drafter.state) as z:
         header = json.loads(str(z["header"]))
-        assert header["format"] == "agentspec.state/3" and header["method"] == "full"
+        assert header["format"] == "agentspec.state/4" and header["method"] == "full"
         assert len(z["g/lengths"]) >= 2
     drafter.stats.unlink()  # (the new engine writes its own as its first request ends)
     again = VllmServer(drafter.log.parent, drafter=True)
