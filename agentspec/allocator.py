@@ -120,10 +120,10 @@ Kinds = Union[str, np.ndarray]  # one kind for a whole draft, or each token's ro
 # logit offset, the sum of one per token id, one per id of the token before it, one per pair
 # of the two and one per token id within its draft kind (hashed; a copy's token and a path's
 # of the same id are taken differently), learned online by a step toward every scored
-# position's outcome.
-# (On the recorded traces they cut the log loss of first-token predictions by ~13%.) Each
-# offset's step shrinks with the squared errors it has taken (AdaGrad's per-coordinate rate):
-# a common token's offset settles, a rare one's still moves fast.
+# position's outcome. (On the recorded traces they cut the log loss of first-token
+# predictions by ~13%.) Each offset's step shrinks with the squared errors it has taken
+# (AdaGrad's per-coordinate rate): a common token's offset settles, a rare one's still moves
+# fast.
 BIAS_BITS = 17  # entries of each offset table (ids past it share entries)
 BIAS_RATE = 0.6  # an offset's step: BIAS_RATE * error / sqrt(1 + its squared errors so far)
 _MIX = np.uint64(0x9E3779B97F4A7C15)  # odd: pairs spread over the table's entries
@@ -314,9 +314,11 @@ class AcceptanceModel:
         if kinds[: len(self.kinds)] != list(self.kinds):
             raise ValueError("its draft kinds are not this policy's (another method's state?)")
         bias = state["bias"]
-        if bias.shape != self.bias.shape or not np.isfinite(bias).all() or (bias[1] < 0).any():
-            raise ValueError(f"token offsets of shape {bias.shape} (or not finite, or with "
-                             f"negative squared errors), not {self.bias.shape}")
+        if bias.shape != self.bias.shape or not np.isfinite(bias).all():
+            raise ValueError(f"token offsets of shape {bias.shape} (or not finite), "
+                             f"not {self.bias.shape}")
+        if (bias[1] < 0).any():
+            raise ValueError("token offsets with negative squared errors")
         if state["rate"].shape != (2,) or not (state["rate"] > 0).all():
             raise ValueError("R's sums must be two positive numbers")
         sent = state["sent"]

@@ -27,8 +27,9 @@ mechanisms on and names two small strategy objects, composed per rung by `ladder
   step drafts whichever of the two gains more under the cost model (a frequency path sent
   to its end, with the path after it where that gains more). Each draft token's
   curve knows what kind of token it is, and its words move it (learned offsets per token,
-  per token before it, per pair and per token within its draft kind), and both candidates are scored against what the
-  target wrote, drafted or not, so the choice is learned from the served model.
+  per token before it, per pair and per token within its draft kind), and both candidates
+  are scored against what the target wrote, drafted or not, so the choice is learned from
+  the served model.
 Sessions never see each other's S, W or block history.
 """
 
@@ -152,11 +153,11 @@ class CostAware:
     predictions the drafts sent actually took (`calibrate_sent`: the winner's curse of
     sending the best-looking one), and each draft token's hazard moved by what the tokens
     themselves say (`token_bias`: learned offsets per token, per token before it, per pair
-    and per token within its draft kind); the frequency path sent, where it pays to its end, continued by the path after
-    it (`extend`: up to EXTENSIONS times, each with curves and a sent ratio of its own); and
-    each draft token's row knowing whether the step's other candidate says the same
-    (`agreement`). No Kmax cap: the acceptance model conditions on match length, which
-    separates long copies from short matches better.
+    and per token within its draft kind); the frequency path sent, where it pays to its end,
+    continued by the path after it (`extend`: up to EXTENSIONS times, each with curves and
+    a sent ratio of its own); and each draft token's row knowing whether the step's other
+    candidate says the same (`agreement`). No Kmax cap: the acceptance model conditions on
+    match length, which separates long copies from short matches better.
 
     On an engine that pads (`padded`), every row pays for the longest draft: each row
     keeps its best candidate, and one width is planned for the batch, the one whose

@@ -128,7 +128,7 @@ BAD = [  # (what is wrong, how to make it so, what the error says)
     ("offsets cut short", lambda p, t: _tampered(p, **{"acceptance/bias": np.zeros(5)}),
      "token offsets of shape (5,)"),
     ("negative squared errors",
-     lambda p, t: _tampered(p, **{"acceptance/bias": -np.ones((2, 3 << allocator.BIAS_BITS))}),
+     lambda p, t: _tampered(p, **{"acceptance/bias": -np.ones((2, 4 << allocator.BIAS_BITS))}),
      "negative squared errors"),
     ("negative counts", lambda p, t: _tampered(p, **{"acceptance/pool/0": -np.ones((2, 68))}),
      "not one of (trials, hits) counts"),
