@@ -53,16 +53,39 @@ def _with_offset(hz, bias, ids, j, bits, kind):
 
 
 @njit(cache=True)
+def position_hazard(t, h, kt, kh, pt, ph, rows, m, j, bin_of, width, pad, kind_shift, weight,
+                    bias, ids, bits):
+    """Draft token j's own hazard after a match of length m, its offsets included."""
+    b = bin_of[min(m + j, len(bin_of) - 1)] + pad
+    hz = _hazard(t, h, kt, kh, pt, ph, rows[j], b, width, kind_shift, weight)
+    return _with_offset(hz, bias, ids, j, bits, rows[j] >> kind_shift)
+
+
+@njit(cache=True)
+def _logit(p):
+    p = min(max(p, 1e-6), 1.0 - 1e-6)  # (allocator.logit clips the same)
+    return np.log(p / (1.0 - p))
+
+
+@njit(cache=True)
+def blended(weights, copy_hazard, path_hazard):
+    """allocator.blended: the hazard of a token a copy and a path both say."""
+    z = weights[0] + weights[1] * _logit(copy_hazard) + weights[2] * _logit(path_hazard)
+    return 1.0 / (1.0 + np.exp(-z))
+
+
+@njit(cache=True)
 def best_length(t, h, kt, kh, pt, ph, rows, m, n, bin_of, width, pad, kind_shift, weight, costs,
-                rate, bias, ids, bits):
+                rate, bias, ids, bits, agreed):
     """(n, gain) of AcceptanceModel.plan: the draft length whose expected accepted tokens most
-    exceed rate * costs[n]. It stops reading the draft where no longer one can gain more."""
+    exceed rate * costs[n] (the first tokens' hazards `agreed`, where given). It stops
+    reading the draft where no longer one can gain more."""
     p, total = 1.0, 0.0
     best_n, best = 0, -rate * costs[0]
     for j in range(min(n, len(costs) - 1)):
-        b = bin_of[min(m + j, len(bin_of) - 1)] + pad
-        hz = _hazard(t, h, kt, kh, pt, ph, rows[j], b, width, kind_shift, weight)
-        p *= _with_offset(hz, bias, ids, j, bits, rows[j] >> kind_shift)
+        p *= agreed[j] if j < len(agreed) else position_hazard(
+            t, h, kt, kh, pt, ph, rows, m, j, bin_of, width, pad, kind_shift, weight, bias, ids,
+            bits)
         total += p
         gain = total - rate * costs[j + 1]
         if gain > best:
@@ -85,15 +108,33 @@ def _priced_out(costs, a, p):
 
 @njit(cache=True)
 def expected(t, h, kt, kh, pt, ph, rows, m, n, bin_of, width, pad, kind_shift, weight, bias, ids,
-             bits):
+             bits, agreed):
     """Expected accepted tokens of the first n draft tokens."""
     p, total = 1.0, 0.0
     for j in range(n):
-        b = bin_of[min(m + j, len(bin_of) - 1)] + pad
-        hz = _hazard(t, h, kt, kh, pt, ph, rows[j], b, width, kind_shift, weight)
-        p *= _with_offset(hz, bias, ids, j, bits, rows[j] >> kind_shift)
+        p *= agreed[j] if j < len(agreed) else position_hazard(
+            t, h, kt, kh, pt, ph, rows, m, j, bin_of, width, pad, kind_shift, weight, bias, ids,
+            bits)
         total += p
     return total
+
+
+@njit(cache=True)
+def learn_blend(t, h, kt, kh, pt, ph, bin_of, width, pad, kind_shift, weight, bias, bits, blend,
+                blend_rate, copy_m, copy_rows, copy_ids, path_m, path_rows, path_ids, n,
+                matched):
+    """AcceptanceModel.learn_blend: the first n tokens both candidates said, of which the
+    first `matched` were right, each reached one a step of the blend, in order."""
+    for j in range(min(n, matched + 1)):
+        copy_hazard = position_hazard(t, h, kt, kh, pt, ph, copy_rows, copy_m, j, bin_of, width,
+                                      pad, kind_shift, weight, bias, copy_ids, bits)
+        path_hazard = position_hazard(t, h, kt, kh, pt, ph, path_rows, path_m, j, bin_of, width,
+                                      pad, kind_shift, weight, bias, path_ids, bits)
+        error = (1.0 if j < matched else 0.0) - blended(blend[0], copy_hazard, path_hazard)
+        for w in range(3):
+            x = 1.0 if w == 0 else _logit(copy_hazard if w == 1 else path_hazard)
+            blend[1, w] += (error * x) ** 2
+            blend[0, w] += blend_rate * error * x / np.sqrt(1.0 + blend[1, w])
 
 
 @njit(cache=True)
@@ -119,10 +160,10 @@ def observe(t, h, kt, kh, pt, ph, rows, m, reached, matched, bin_of, width, pad,
     the window halved (each once)."""
     if len(ids):
         for j in range(reached):
-            b = bin_of[min(m + j, len(bin_of) - 1)] + pad
-            hz = _hazard(t, h, kt, kh, pt, ph, rows[j], b, width, kind_shift, weight)
             kind = rows[j] >> kind_shift
-            error = (1.0 if j < matched else 0.0) - _with_offset(hz, bias, ids, j, bits, kind)
+            error = (1.0 if j < matched else 0.0) - position_hazard(
+                t, h, kt, kh, pt, ph, rows, m, j, bin_of, width, pad, kind_shift, weight, bias,
+                ids, bits)
             for which in range(4):  # (AdaGrad: see allocator.BIAS_RATE)
                 key = _token_key(ids, j, which, bits, kind)
                 bias[1, key] += error * error

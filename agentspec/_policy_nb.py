@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 from numba import njit
 
-from agentspec._accept_nb import best_length, observe
+from agentspec._accept_nb import best_length, blended, learn_blend, observe, position_hazard
 from agentspec._match_nb import BUF, TAIL_LEN, frequent_candidate, lookup, with_tail
 from agentspec.allocator import DECAY
 from agentspec.frequency import WORTH_EVERY
@@ -27,12 +27,12 @@ def plan_request(s, s_open, open_len, g, with_g, context, look_k, a, b,
                  pw, levels, mask, first, candidates, want, max_context, min_prob,
                  share_edges, evidence_edges,
                  t, h, kt, kh, pt, ph, bin_of, width, pad, kind_shift, weight, bias, bits,
-                 spread, window, bias_rate, calibrate, rate_sums,
+                 spread, window, bias_rate, calibrate, rate_sums, blend, blend_rate,
                  max_k, search, session_text, kind_tables, token_classes, with_ids, copy_kinds,
-                 repeat, agreeing, extensions, score_all,
+                 repeat, agreeing, extensions, score_all, with_blend,
                  worth, drafted, accepted, revealed, worth_age, costs, copy_m, given_rows,
                  given_ids, before, ratios, sent_sums, slots, gain,
-                 found, found_tokens, ids, rows, copy_ids, copy_rows, kept, kept_costs):
+                 found, found_tokens, ids, rows, copy_ids, copy_rows, agreed, kept, kept_costs):
     """CostAware.drafts for one request: the copy (copy_m: its context length, 0: none)
     and the frequency path after `context` (`frequent_candidate`, its kinds by extension
     depth in kind_tables), each planned (`best_length`) at `rate` times a sent ratio,
@@ -42,13 +42,16 @@ def plan_request(s, s_open, open_len, g, with_g, context, look_k, a, b,
     A path sent to its end (under max_k) is continued by the path after it, up to
     `extensions` times, and sent longer where that gains more; it is scored longer either
     way. With both candidates, each token's row moves by `agreeing` times what the other
-    says of it (`allocator.agreement`; 0: not at all) before either is planned. Returns
+    says of it (`allocator.agreement`; 0: not at all) before either is planned, and
+    `with_blend`, the tokens both say take the role's blend of their two hazards
+    (`allocator.blended`), in both plans. Returns
     (the draft's length n, the lookup's answer as `_match_nb.lookup` gives it).
 
     The step is kept in the request's buffers, which the next plan learns from: the copy
     in copy_ids (the token before it, then its tokens) and copy_rows, the path in ids and
-    rows, and what was decided in `kept` (`keep`'s layout) and kept_costs (the tokens the
-    draft sent is expected to have accepted, and what it costs).
+    rows, the blended hazards of the tokens both say in `agreed`, and what was decided in
+    `kept` (`keep`'s layout) and kept_costs (the tokens the draft sent is expected to have
+    accepted, and what it costs).
 
     The copy comes one of two ways. With look_k > 0 it is looked up in s here (as
     `Corpus.match`: after `context`, of at most look_k tokens, s's slots [a, b) indexed
@@ -71,7 +74,7 @@ def plan_request(s, s_open, open_len, g, with_g, context, look_k, a, b,
         _learn(t, h, kt, kh, pt, ph, bin_of, width, pad, kind_shift, weight, bias, bits,
                spread, window, bias_rate, calibrate, rate_sums, ratios, sent_sums, slots,
                with_ids, score_all, drafted, accepted, revealed, ids, rows, copy_ids,
-               copy_rows, kept, kept_costs)
+               copy_rows, kept, kept_costs, blend, blend_rate)
     _read_worth(worth, worth_age, kind_tables[0], kt, kh, pt, ph, bin_of, width, pad,
                 kind_shift, weight)
     rate = max(1.0, rate_sums[0] / rate_sums[1])
@@ -103,13 +106,19 @@ def plan_request(s, s_open, open_len, g, with_g, context, look_k, a, b,
     if agreeing and has_copy and m:
         _agree(copy_ids[1 : copy_length + 1], copy, ids[1 : length + 1], rows[:length],
                agreeing)
+    both = 0  # how many first tokens the two candidates both say, blended
+    if with_blend and has_copy and m:
+        both = _blend(t, h, kt, kh, pt, ph, bin_of, width, pad, kind_shift, weight, bias, bits,
+                      blend, copy_m, copy, copy_ids[: copy_length + 1], m, rows[:length],
+                      ids[: length + 1], with_ids, agreed)
     sent, n, depth, sent_length, key = -1, 0, 0, 0, -1
     if has_copy and copy_length:
         c_key = 1 if m else 0
         c_n, c_gain = best_length(t, h, kt, kh, pt, ph, copy, copy_m, copy_length,
                                   bin_of, width, pad, kind_shift, weight, costs,
                                   rate * ratios[slots[c_key]], bias,
-                                  copy_ids[: copy_length + 1] if with_ids else _NO_IDS, bits)
+                                  copy_ids[: copy_length + 1] if with_ids else _NO_IDS, bits,
+                                  agreed[:both])
         if c_gain > gain:
             sent, n, gain, key = 0, c_n, c_gain, c_key
     elif has_copy and 0.0 > gain:  # (an empty copy plans nothing and gains nothing)
@@ -118,7 +127,8 @@ def plan_request(s, s_open, open_len, g, with_g, context, look_k, a, b,
         f_n, f_gain = best_length(t, h, kt, kh, pt, ph, rows[:length], m, length, bin_of,
                                   width, pad, kind_shift, weight, costs,
                                   rate * ratios[slots[path_keys]], bias,
-                                  ids[: length + 1] if with_ids else _NO_IDS, bits)
+                                  ids[: length + 1] if with_ids else _NO_IDS, bits,
+                                  agreed[:both])
         if f_gain > gain:
             sent, n, gain, sent_length, key = 1, f_n, f_gain, length, path_keys
     for d in range(extensions if m else 0):
@@ -139,11 +149,12 @@ def plan_request(s, s_open, open_len, g, with_g, context, look_k, a, b,
         e_n, e_gain = best_length(t, h, kt, kh, pt, ph, rows[:length], m, length, bin_of,
                                   width, pad, kind_shift, weight, costs,
                                   rate * ratios[slots[path_keys + d + 1]], bias,
-                                  ids[: length + 1] if with_ids else _NO_IDS, bits)
+                                  ids[: length + 1] if with_ids else _NO_IDS, bits,
+                                  agreed[:both])
         if e_gain <= gain:
             break
         n, gain, depth, sent_length, key = e_n, e_gain, d + 1, length, path_keys + d + 1
-    keep(kept, copy_m, copy_length, m, length, sent, sent_length, key)
+    keep(kept, copy_m, copy_length, m, length, sent, sent_length, key, both)
     # (what the plan expected of the draft: its gain and what it was priced at)
     kept_costs[0] = gain + rate * ratios[slots[key]] * costs[n] if n else 0.0
     kept_costs[1] = costs[n]
@@ -171,27 +182,58 @@ def _read_worth(worth, age, kinds, kt, kh, pt, ph, bin_of, width, pad, kind_shif
 
 
 @njit(cache=True)
-def keep(kept, copy_m, copy_length, path_m, path_length, sent, sent_length, key):
+def keep(kept, copy_m, copy_length, path_m, path_length, sent, sent_length, key, both):
     """A step as `kept` holds it: the copy's context length (0: none) and length, the
     path's (a path has both or neither), which was sent (-1 none, 0 the copy, 1 the path),
-    the path's length in the draft sent, and the sent draft's key (its place in
-    policy._sent_keys; -1 none)."""
+    the path's length in the draft sent, the sent draft's key (its place in
+    policy._sent_keys; -1 none), and how many first tokens took blended hazards."""
     kept[0], kept[1], kept[2], kept[3] = copy_m, copy_length, path_m, path_length
-    kept[4], kept[5], kept[6] = sent, sent_length, key
+    kept[4], kept[5], kept[6], kept[7] = sent, sent_length, key, both
+
+
+@njit(cache=True)
+def _blend(t, h, kt, kh, pt, ph, bin_of, width, pad, kind_shift, weight, bias, bits, blend,
+           copy_m, copy_rows, copy_ids, path_m, path_rows, path_ids, with_ids, agreed):
+    """AcceptanceModel.agreed_hazards of a copy and a path (their ids: the token before
+    them, then theirs; their offsets read where with_ids), written into `agreed`; returns
+    how many tokens they both say."""
+    both = 0
+    while both < min(len(copy_rows), len(path_rows)) \
+            and copy_ids[both + 1] == path_ids[both + 1]:
+        both += 1
+    copy_offsets = copy_ids if with_ids else _NO_IDS
+    path_offsets = path_ids if with_ids else _NO_IDS
+    for j in range(both):
+        agreed[j] = blended(
+            blend[0],
+            position_hazard(t, h, kt, kh, pt, ph, copy_rows, copy_m, j, bin_of, width, pad,
+                            kind_shift, weight, bias, copy_offsets, bits),
+            position_hazard(t, h, kt, kh, pt, ph, path_rows, path_m, j, bin_of, width, pad,
+                            kind_shift, weight, bias, path_offsets, bits))
+    return both
 
 
 @njit(cache=True)
 def _learn(t, h, kt, kh, pt, ph, bin_of, width, pad, kind_shift, weight, bias, bits, spread,
            window, bias_rate, calibrate, rate_sums, ratios, sent_sums, slots, with_ids,
            score_all, drafted, accepted, revealed, ids, rows, copy_ids, copy_rows, kept,
-           kept_costs):
+           kept_costs, blend, blend_rate):
     """`CostAware.learn` of the step kept in the buffers (see `plan_request`), given the
     tokens drafted and accepted and what the target wrote (revealed). In the same order:
-    the candidates scored (all of them with score_all, else the draft sent up to the
-    target's token after it) and observed, the row charged to R, the draft's sent ratio
-    moved."""
+    the blend stepped where the plan blended (`learn_blend`, with the hazards before this
+    step), the candidates scored (all of them with score_all, else the draft sent up to
+    the target's token after it) and observed, the row charged to R, the draft's sent
+    ratio moved."""
     copy_m, copy_length, path_m, path_length = kept[0], kept[1], kept[2], kept[3]
-    sent, sent_length, key = kept[4], kept[5], kept[6]
+    sent, sent_length, key, both = kept[4], kept[5], kept[6], kept[7]
+    if both:
+        known = min(both, len(revealed))
+        matched = 0
+        while matched < known and ids[matched + 1] == revealed[matched]:
+            matched += 1
+        learn_blend(t, h, kt, kh, pt, ph, bin_of, width, pad, kind_shift, weight, bias, bits,
+                    blend, blend_rate, copy_m, copy_rows, copy_ids if with_ids else _NO_IDS,
+                    path_m, rows, ids if with_ids else _NO_IDS, known, matched)
     if (score_all or sent == 0) and copy_m:
         _observe_scored(t, h, kt, kh, pt, ph, bin_of, width, pad, kind_shift, weight, bias,
                         bits, spread, window, bias_rate, copy_m, copy_rows[:copy_length],

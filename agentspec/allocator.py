@@ -129,6 +129,18 @@ BIAS_RATE = 0.6  # an offset's step: BIAS_RATE * error / sqrt(1 + its squared er
 _MIX = np.uint64(0x9E3779B97F4A7C15)  # odd: pairs spread over the table's entries
 NO_IDS = np.zeros(0, dtype=np.int64)  # a draft without its tokens: no offsets
 
+# Where a step's two candidates (a copy and a frequency path) say the same token, it is one
+# event with two predictions. Its hazard is their blend, sigmoid(w0 + w1 * logit(copy's) +
+# w2 * logit(path's)), the weights learned per role by online logistic regression over
+# the positions the two agreed on (AdaGrad steps, as the offsets'). Each alone is a noisy
+# estimate, and the plan, sending the candidate that looks best, took the higher one: on
+# SWE-agent's agreed positions (32 sessions, seed 7) the higher of the two predicted
+# 0.605 where 0.515 were taken; the blend, learned in order, cut their log loss from 0.419
+# (either alone 0.425) to 0.409, its weights settling near (0.05, 0.47, 0.49).
+BLEND_START = (0.0, 0.5, 0.5)  # the logits' mean, before anything is learned
+BLEND_RATE = 0.03
+NO_HAZARDS = np.zeros(0)  # a candidate no other agrees with: every hazard its own
+
 
 def draft_ids(before: int, tokens: Sequence[int]) -> np.ndarray:
     """What the offsets of a draft are read with: the token before it, then its tokens."""
@@ -151,6 +163,17 @@ def token_keys(ids: np.ndarray, rows: np.ndarray) -> np.ndarray:
 def _hashed(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Pairs (a, b) spread over an offset table's entries."""
     return ((a << np.uint64(20)) + b) * _MIX >> np.uint64(64 - BIAS_BITS)
+
+
+def logit(p: float) -> float:
+    p = min(max(p, 1e-6), 1.0 - 1e-6)
+    return math.log(p / (1.0 - p))
+
+
+def blended(weights: np.ndarray, copy_hazard: float, path_hazard: float) -> float:
+    """The hazard of a token both candidates say (see BLEND_START), by the role's weights."""
+    z = weights[0] + weights[1] * logit(copy_hazard) + weights[2] * logit(path_hazard)
+    return 1.0 / (1.0 + math.exp(-z))
 
 
 def with_offset(hazard: float, z: float) -> float:
@@ -243,6 +266,9 @@ class AcceptanceModel:
         self._slots: dict[tuple[str, ...], np.ndarray] = {}
         # the draft tokens' logit offsets (token_keys), and each one's squared errors so far
         self.bias = np.zeros((2, 4 << BIAS_BITS))
+        # per role, the blend of two candidates' predictions where they agree (BLEND_START):
+        # its weights, and each weight's squared gradients so far
+        self.blends: dict[str, np.ndarray] = {}
         self.calibrate_sent = calibrate_sent
 
     @property
@@ -291,9 +317,10 @@ class AcceptanceModel:
     # --- what it learned, kept across runs (agentspec.state) ------------------------------
     def state(self) -> dict[str, np.ndarray]:
         """Everything it learned, as named arrays (`restore` takes them back): the kinds in
-        the order of their rows, each role's tables, the token offsets, R's sums and the
-        sent ratios' sums."""
-        roles = sorted(self.pool.keys() | self.by_kind.keys() | self.by_row.keys())
+        the order of their rows, each role's tables and blend, the token offsets, R's sums
+        and the sent ratios' sums."""
+        roles = sorted(self.pool.keys() | self.by_kind.keys() | self.by_row.keys()
+                       | self.blends.keys())
         state = {"kinds": np.array(list(self.kinds), dtype=str),
                  "roles": np.array(roles, dtype=str), "bias": self.bias.copy(),
                  "rate": self.rate_sums.copy(),
@@ -304,6 +331,8 @@ class AcceptanceModel:
                                  ("row", self.by_row)):
                 if role in tables:
                     state[f"{name}/{i}"] = np.stack(tables[role])
+            if role in self.blends:
+                state[f"blend/{i}"] = self.blends[role].copy()
         return state
 
     def restore(self, state: dict[str, np.ndarray]) -> None:
@@ -327,7 +356,14 @@ class AcceptanceModel:
         # (trials, hits) per bin: the pool's one curve, a curve per kind, per row
         per_kind = {"pool": None, "kind": _WIDTH, "row": MODIFIERS * _WIDTH}
         tables: dict[str, dict] = {name: {} for name in per_kind}
+        blends = {}
         for i, role in enumerate(str(r) for r in state["roles"]):
+            blend = state.get(f"blend/{i}")
+            if blend is not None:
+                if blend.shape != (2, 3) or not np.isfinite(blend).all() or (blend[1] < 0).any():
+                    raise ValueError(f"the blend of role {role!r} is not 3 weights and their "
+                                     f"squared gradients (shape {blend.shape})")
+                blends[role] = blend.astype(np.float64)
             for name, unit in per_kind.items():
                 t = state.get(f"{name}/{i}")
                 if t is None:
@@ -341,6 +377,7 @@ class AcceptanceModel:
                 tables[name][role] = (t[0].astype(np.float64), t[1].astype(np.float64))
         self.kinds = {k: i for i, k in enumerate(kinds)}
         self.pool, self.by_kind, self.by_row = tables["pool"], tables["kind"], tables["row"]
+        self.blends = blends
         self._args.clear()
         self.bias = state["bias"].astype(np.float64)
         self.rate_sums[:] = state["rate"]
@@ -406,7 +443,8 @@ class AcceptanceModel:
         order, before the draft's rows (for a kernel that plans drafts itself: make every
         kind its rows use first), then what a kernel that also learns from a step reads
         (`_policy_nb.plan_request`): the spread of a count, the window, the offsets' step,
-        whether sent ratios are learned and R's sums."""
+        whether sent ratios are learned, R's sums and the role's blend (`blend`) with its
+        step."""
         return self._kernel_state(role)[2]
 
     def _kernel_state(self, role: str) -> tuple:
@@ -418,8 +456,43 @@ class AcceptanceModel:
             state = self._args[role] = (len(self.kinds), tables, (
                 *tables, _BIN_OF, _WIDTH, _PAD, KIND_SHIFT, self.source_weight, self.bias,
                 BIAS_BITS, _SPREAD, self.window, BIAS_RATE, self.calibrate_sent,
-                self.rate_sums))
+                self.rate_sums, self.blend(role), BLEND_RATE))
         return state
+
+    def blend(self, role: str) -> np.ndarray:
+        """The role's blend (see BLEND_START): its weights, then their squared gradients."""
+        blend = self.blends.get(role)
+        if blend is None:
+            blend = self.blends[role] = np.array([BLEND_START, (0.0, 0.0, 0.0)])
+        return blend
+
+    def agreed_hazards(self, role: str, copy: tuple, path: tuple, n: int) -> np.ndarray:
+        """The hazards of the first n tokens, which a copy and a frequency path (each as
+        (m, rows, ids)) both say: the role's blend of the two predictions."""
+        if n <= 0:
+            return NO_HAZARDS
+        weights = self.blend(role)[0]
+        return np.array([blended(weights, c, p) for c, p in
+                         zip(self._hazards(role, *_drafted(copy, n)),
+                             self._hazards(role, *_drafted(path, n)))])
+
+    def learn_blend(self, role: str, copy: tuple, path: tuple, n: int, matched: int) -> None:
+        """Step the role's blend toward what the target wrote at the first n tokens a copy
+        and a path both said (each (m, rows, ids)), of which the first `matched` were
+        right: each reached position, in order, with the hazards before this step."""
+        reached = min(n, matched + 1)
+        if reached <= 0:
+            return
+        blend = self.blend(role)
+        copy_hazards = self._hazards(role, *_drafted(copy, reached))
+        path_hazards = self._hazards(role, *_drafted(path, reached))
+        for j in range(reached):
+            x = np.array([1.0, logit(copy_hazards[j]), logit(path_hazards[j])])
+            error = (1.0 if j < matched else 0.0) - blended(blend[0], copy_hazards[j],
+                                                             path_hazards[j])
+            for w in range(3):
+                blend[1, w] += (error * x[w]) ** 2
+                blend[0, w] += BLEND_RATE * error * x[w] / math.sqrt(1.0 + blend[1, w])
 
     def ratio_slots(self, keys: tuple[str, ...]) -> np.ndarray:
         """Where the sent ratio of each key lies in `ratios` (for a kernel that plans drafts
@@ -437,16 +510,20 @@ class AcceptanceModel:
         return slots
 
     def accept_probs(self, role: str, m: int, source: Kinds = "", n: int | None = None,
-                     ids: np.ndarray = NO_IDS) -> np.ndarray:
+                     ids: np.ndarray = NO_IDS, agreed: np.ndarray = NO_HAZARDS) -> np.ndarray:
         """P(draft token k is accepted), k = 1..n (default max_k, or every row given), after
         a match of length m; `source` is the draft's kind, or each token's row; `ids` its
-        tokens (`draft_ids`), whose offsets move each hazard."""
+        tokens (`draft_ids`), whose offsets move each hazard; `agreed` the hazards of its
+        first tokens where another candidate said them too (`agreed_hazards`)."""
         n = (self.max_k if isinstance(source, str) else len(source)) if n is None else n
-        return np.cumprod(self._hazards(role, m, source, n, ids))
+        hazards = self._hazards(role, m, source, n, ids)
+        given = min(n, len(agreed))
+        hazards[:given] = agreed[:given]
+        return np.cumprod(hazards)
 
     def _hazards(self, role: str, m: int, source: Kinds, n: int,
                  ids: np.ndarray = NO_IDS) -> np.ndarray:
-        """Each draft position's hazard (accepted, once the tokens before it were)."""
+        """Each draft position's own hazard (accepted, once the tokens before it were)."""
         cells, kind_cells, at = self._cells(m, source, n)
         t, h, _, _ = self._tables(role)
         w = self.source_weight
@@ -474,7 +551,8 @@ class AcceptanceModel:
         return self._kind_hazard(role, cells, at)
 
     def plan(self, role: str, m: int, kinds: Kinds, n: int, costs: np.ndarray,
-             sent: str | None = None, ids: np.ndarray = NO_IDS) -> tuple[int, float]:
+             sent: str | None = None, ids: np.ndarray = NO_IDS,
+             agreed: np.ndarray = NO_HAZARDS) -> tuple[int, float]:
         """(length, gain) of the best way to send at most n tokens of a draft after a match
         of length m (see `best_length`), priced by the sent ratio of `sent` (default: the
         role's)."""
@@ -482,26 +560,26 @@ class AcceptanceModel:
             return 0, 0.0
         rate = self.planning_rate(role if sent is None else sent)
         if _nb is None:
-            return best_length(self.accept_probs(role, m, kinds, n, ids), costs, rate)
+            return best_length(self.accept_probs(role, m, kinds, n, ids, agreed), costs, rate)
         rows = self._rows(kinds, n)  # first: it may add a kind, which grows the tables
         return _nb.best_length(*self._kernel_args(role), rows, m, n, _BIN_OF, _WIDTH, _PAD,
                                KIND_SHIFT, self.source_weight, costs, rate, self.bias, ids,
-                               BIAS_BITS)
+                               BIAS_BITS, agreed)
 
     def length(self, role: str, m: int, cap: int, costs: np.ndarray, source: str = "") -> int:
         """The draft length n <= cap that gains most."""
         return self.plan(role, m, source, min(cap, self.max_k, len(costs) - 1), costs)[0]
 
-    def expected(self, role: str, m: int, kinds: Kinds, n: int, ids: np.ndarray = NO_IDS
-                 ) -> float:
+    def expected(self, role: str, m: int, kinds: Kinds, n: int, ids: np.ndarray = NO_IDS,
+                 agreed: np.ndarray = NO_HAZARDS) -> float:
         """Expected accepted tokens of the first n tokens of a draft."""
         if m <= 0 or n <= 0:
             return 0.0
         if _nb is None:  # summed in order
-            return float(np.cumsum(self.accept_probs(role, m, kinds, n, ids))[-1])
+            return float(np.cumsum(self.accept_probs(role, m, kinds, n, ids, agreed))[-1])
         rows = self._rows(kinds, n)
         return _nb.expected(*self._kernel_args(role), rows, m, n, _BIN_OF, _WIDTH, _PAD,
-                            KIND_SHIFT, self.source_weight, self.bias, ids, BIAS_BITS)
+                            KIND_SHIFT, self.source_weight, self.bias, ids, BIAS_BITS, agreed)
 
     def observe(self, role: str, m: int, known: int, matched: int, source: Kinds = "",
                 ids: np.ndarray = NO_IDS) -> None:
@@ -545,6 +623,12 @@ class AcceptanceModel:
                 full = near[t[near] > self.window]
                 t[full] *= 0.5
                 h[full] *= 0.5
+
+
+def _drafted(draft: tuple, n: int) -> tuple:
+    """`_hazards`' arguments for the first n tokens of a draft given as (m, rows, ids)."""
+    m, rows, ids = draft
+    return m, rows[:n], n, ids[: n + 1]
 
 
 def best_length(p: np.ndarray, costs: np.ndarray, rate: float) -> tuple[int, float]:

@@ -44,8 +44,9 @@ from typing import Callable, NamedTuple, Sequence
 import numpy as np
 
 from agentspec import allocator, match
-from agentspec.allocator import (NO_IDS, TOKEN_CLASSES, AcceptanceModel, agentspec_lengths,
-                                 agreement, draft_ids, scored, token_classes, token_rows)
+from agentspec.allocator import (NO_HAZARDS, NO_IDS, TOKEN_CLASSES, AcceptanceModel,
+                                 agentspec_lengths, agreement, draft_ids, scored,
+                                 token_classes, token_rows)
 from agentspec.controller import Controller, KmaxTable
 from agentspec.costs import linear_costs
 from agentspec.drafter import FILE, OUTPUT, PROMPT, Request
@@ -155,8 +156,9 @@ class CostAware:
     themselves say (`token_bias`: learned offsets per token, per token before it, per pair
     and per token within its draft kind); the frequency path sent, where it pays to its end,
     continued by the path after it (`extend`: up to EXTENSIONS times, each with curves and
-    a sent ratio of its own); and each draft token's row knowing whether the step's other
-    candidate says the same (`agreement`). No Kmax cap: the acceptance model conditions on
+    a sent ratio of its own); each draft token's row knowing whether the step's other
+    candidate says the same (`agreement`); and the tokens both candidates say taking the
+    role's learned blend of their two predictions (`blend`). No Kmax cap: the acceptance model conditions on
     match length, which separates long copies from short matches better.
 
     On an engine that pads (`padded`), every row pays for the longest draft: each row
@@ -173,6 +175,7 @@ class CostAware:
     token_bias: bool = False
     extend: bool = False
     agreement: bool = False
+    blend: bool = False
 
     def drafts(self, policy: Policy, batch: Sequence[Request], matches: list[Match],
                padded: bool = False):
@@ -189,7 +192,7 @@ class CostAware:
         widest = max(map(len, drafts), default=0)
         for r, (_, sent, _), draft in zip(batch, steps, drafts):
             expected = policy.acceptance.expected(r.role, sent.m, sent.rows, len(draft),
-                                                  sent.ids) if draft else 0.0
+                                                  sent.ids, sent.agreed) if draft else 0.0
             policy.running[r.id].step_costs[:] = (expected, costs[widest])
         return drafts
 
@@ -203,12 +206,14 @@ class CostAware:
         candidates = self._candidates(policy, r, m, run)
         if self.agreement and len(candidates) == 2:
             candidates = agreed(*candidates)
+        if self.blend and len(candidates) == 2:
+            candidates = blended_pair(policy.acceptance, r.role, *candidates)
         # padded, a row's best candidate drafts even when it would not pay alone
         draft, gain, sent, key = [], -np.inf if padded else 0.0, None, ""
         for c in candidates:
             c_key = sent_key(r.role, c.frequency, len(candidates))
             n, c_gain = policy.acceptance.plan(r.role, c.m, c.rows, len(c.rows), costs, c_key,
-                                               c.ids)
+                                               c.ids, c.agreed)
             if c_gain > gain:
                 draft, gain, sent, key = c.tokens[:n], c_gain, c, c_key
         for depth in range(EXTENSIONS if self.extend else 0):
@@ -223,7 +228,8 @@ class CostAware:
                 break
             candidates = [longer if x is c else x for x in candidates]
             n, c_gain = policy.acceptance.plan(r.role, longer.m, longer.rows,
-                                               len(longer.rows), costs, key + "+", longer.ids)
+                                               len(longer.rows), costs, key + "+", longer.ids,
+                                               longer.agreed)
             if c_gain <= gain:
                 break
             draft, gain, sent, key = longer.tokens[:n], c_gain, longer, key + "+"
@@ -240,8 +246,8 @@ class CostAware:
         S where the policy left it to the plan (see `Policy.propose`)."""
         acceptance = policy.acceptance
         s = policy.sessions[r.session].s
-        ids, rows, copy_ids, copy_rows, found, found_tokens, _, slots, kept, step_costs, _ \
-            = run.buffers
+        ids, rows, copy_ids, copy_rows, agreed, found, found_tokens, _, slots, kept, \
+            step_costs, _ = run.buffers
         # (the kernel reads the path worth anew where due, after it learned the step kept)
         worth, worth_age = policy.role_worth(r.role) \
             if self.frequency and policy.config.session and self.learned_paths \
@@ -266,7 +272,7 @@ class CostAware:
             *policy.role_constants(r.role), worth, drafted, accepted, revealed, worth_age,
             costs, copy_m, given_rows, given_ids, before, acceptance.ratios,
             acceptance.sent_sums, slots, -np.inf if padded else 0.0, found, found_tokens, ids,
-            rows, copy_ids, copy_rows, kept, step_costs)
+            rows, copy_ids, copy_rows, agreed, kept, step_costs)
         if run.looks_up:  # what retrieval would have found: S's match, kept as the copy
             s.indexed_to(looked[6])
             copy_m, chosen, occurrences, agree, agreed = looked[:5]
@@ -326,7 +332,7 @@ class CostAware:
         context and c's tokens, as if the output had written them); the continuation's
         tokens have kinds of their own for each depth, so the acceptance model learns how
         far such continuations are taken (at the lengths after c's). None when nothing
-        follows."""
+        follows. The tokens c shares with a copy keep their blended hazards."""
         max_k = policy.config.max_k
         # the step's context (already ids) with c's tokens after it
         context = context_ids(np.concatenate((policy.running[r.id].context, c.tokens))[-max_k:])
@@ -336,7 +342,7 @@ class CostAware:
                                 prefix_ids, c.rows)
         if longer is None:
             return None
-        return replace(longer, tokens=c.tokens + longer.tokens, m=c.m)
+        return replace(longer, tokens=c.tokens + longer.tokens, m=c.m, agreed=c.agreed)
 
     def _candidate(self, policy: Policy, tokens: list[int], m: int, kind: int, before: int
                    ) -> Candidate:
@@ -368,6 +374,12 @@ class CostAware:
         run.pending = None
         candidates, sent, key = run.step()
         expected, cost = run.step_costs
+        both = len(candidates[0].agreed) if candidates else 0
+        if both:  # (with the hazards the plan blended, before this step moves them)
+            copy, path = candidates
+            known, matched = scored(path.tokens[:both], revealed)
+            policy.acceptance.learn_blend(role, (copy.m, copy.rows, copy.ids),
+                                          (path.m, path.rows, path.ids), known, matched)
         cut = None if self.score_all else drafted + 1
         for c in candidates if self.score_all else [sent] if sent else []:
             known, matched = scored(c.tokens[:cut], revealed)
@@ -385,8 +397,8 @@ def common_width(policy: Policy, batch: Sequence[Request], steps: list[tuple],
     steps: each row's step, as `_Running.step` reads it."""
     expected, rates = [], 0.0  # per row: expected accepted tokens of its first n draft tokens
     for r, (_, sent, key) in zip(batch, steps):
-        p = policy.acceptance.accept_probs(r.role, sent.m, sent.rows, ids=sent.ids) \
-            if sent and sent.m > 0 else []
+        p = policy.acceptance.accept_probs(r.role, sent.m, sent.rows, ids=sent.ids,
+                                           agreed=sent.agreed) if sent and sent.m > 0 else []
         expected.append(np.concatenate(([0.0], np.cumsum(p))))
         rates += policy.acceptance.planning_rate(key)
     widths = np.arange(min(max(map(len, expected)), len(costs)))
@@ -492,8 +504,8 @@ class _Session:
 
 class StepBuffers(NamedTuple):
     """Where a request's plan keeps its step, until the next plan has learned from it: the
-    path's ids (the token before it, then its tokens) and rows, the copy's, the frequency
-    search's drafts, the sent ratios' keys of the request's role (`_sent_keys`) and their
+    path's ids (the token before it, then its tokens) and rows, the copy's, the blended
+    hazards of the tokens both say, the frequency search's drafts, the sent ratios' keys of the request's role (`_sent_keys`) and their
     slots, what was decided (`_policy_nb.keep`'s layout) and the draft sent's expected
     accepted tokens and cost; and whether its tokens' offsets are read (`token_bias`)."""
 
@@ -501,6 +513,7 @@ class StepBuffers(NamedTuple):
     rows: np.ndarray
     copy_ids: np.ndarray
     copy_rows: np.ndarray
+    agreed: np.ndarray
     found: np.ndarray
     found_tokens: np.ndarray
     keys: tuple[str, ...]
@@ -514,9 +527,9 @@ def step_buffers(policy: Policy, role: str) -> StepBuffers:
     """Empty buffers for a request of this role (nothing kept)."""
     max_k, keys = policy.config.max_k, _sent_keys(role)
     return StepBuffers(*(np.empty(n, dtype=np.int64) for n in (max_k + 1, max_k) * 2),
-                       *frequent_buffers(max_k, shared=False), keys,
+                       np.empty(max_k), *frequent_buffers(max_k, shared=False), keys,
                        policy.acceptance.ratio_slots(keys),
-                       np.array([0, 0, 0, 0, -1, 0, -1], dtype=np.int64), np.zeros(2),
+                       np.array([0, 0, 0, 0, -1, 0, -1, 0], dtype=np.int64), np.zeros(2),
                        policy.config.length.token_bias)
 
 
@@ -551,6 +564,8 @@ class _Running:
         b = self.buffers
         copy = next((c for c in candidates if not c.frequency), None)
         path = next((c for c in candidates if c.frequency), None)
+        both = len(path.agreed) if path else 0
+        b.agreed[:both] = path.agreed if path else NO_HAZARDS
         for c, ids, rows in ((copy, b.copy_ids, b.copy_rows), (path, b.ids, b.rows)):
             if c is not None:
                 ids[0], ids[1 : len(c.tokens) + 1], rows[: len(c.tokens)] = \
@@ -559,7 +574,7 @@ class _Running:
                      path.m if path else 0, len(path.tokens) if path else 0,
                      -1 if sent is None else int(sent.frequency),
                      len(sent.tokens) if sent and sent.frequency else 0,
-                     b.keys.index(key) if key else -1)
+                     b.keys.index(key) if key else -1, both)
         b.step_costs[:] = step_costs
 
     def step(self) -> tuple[list[Candidate], Candidate | None, str]:
@@ -567,11 +582,12 @@ class _Running:
         sent (None: none) and its sent ratio's key ("": none). Views of the buffers, read
         only until the next plan."""
         b = self.buffers
-        copy_m, copy_length, path_m, path_length, sent, sent_length, key = b.kept.tolist()
+        copy_m, copy_length, path_m, path_length, sent, sent_length, key, both = b.kept.tolist()
 
         def candidate(ids, rows, m, length, frequency):
             return Candidate(ids[1 : length + 1].tolist(), m, rows[:length],
-                             ids[: length + 1] if b.with_ids else NO_IDS, frequency)
+                             ids[: length + 1] if b.with_ids else NO_IDS, frequency,
+                             b.agreed[:both])
 
         copy = candidate(b.copy_ids, b.copy_rows, copy_m, copy_length, False) \
             if copy_m else None
@@ -591,14 +607,16 @@ class _Running:
 @dataclass
 class Candidate:
     """A draft the policy may send: its tokens, the matched context behind its first token,
-    each token's row in the acceptance model (kind and modifiers), and what its tokens'
-    offsets are read with (allocator.draft_ids; NO_IDS: none)."""
+    each token's row in the acceptance model (kind and modifiers), what its tokens'
+    offsets are read with (allocator.draft_ids; NO_IDS: none), and the hazards of its first
+    tokens where the step's other candidate says them too (`blended_pair`)."""
 
     tokens: list[int]
     m: int
     rows: np.ndarray
     ids: np.ndarray
     frequency: bool = False  # a frequency path, not a copy
+    agreed: np.ndarray = field(default_factory=lambda: NO_HAZARDS)
 
 
 def agreed(a: Candidate, b: Candidate) -> list[Candidate]:
@@ -606,6 +624,18 @@ def agreed(a: Candidate, b: Candidate) -> list[Candidate]:
     (`allocator.agreement`)."""
     return [replace(a, rows=a.rows + TOKEN_CLASSES * agreement(a.tokens, b.tokens)),
             replace(b, rows=b.rows + TOKEN_CLASSES * agreement(b.tokens, a.tokens))]
+
+
+def blended_pair(acceptance: AcceptanceModel, role: str, a: Candidate, b: Candidate
+                 ) -> list[Candidate]:
+    """A copy and a frequency path (either order), the tokens both say first given the
+    role's blend of their two hazards (`AcceptanceModel.agreed_hazards`)."""
+    copy, path = (b, a) if a.frequency else (a, b)
+    both = next((j for j, (x, y) in enumerate(zip(copy.tokens, path.tokens)) if x != y),
+                min(len(copy.tokens), len(path.tokens)))
+    hazards = acceptance.agreed_hazards(role, (copy.m, copy.rows, copy.ids),
+                                        (path.m, path.rows, path.ids), both)
+    return [replace(c, agreed=hazards) for c in (a, b)]
 
 
 def sent_key(role: str, frequency: bool, candidates: int) -> str:
@@ -760,7 +790,8 @@ class Policy:
                                 cost.session_text, self.frequency_kind_array,
                                 self.token_classes, cost.token_bias, self.copy_kinds,
                                 config.follow, TOKEN_CLASSES if cost.agreement else 0,
-                                EXTENSIONS if cost.extend else 0, cost.score_all)
+                                EXTENSIONS if cost.extend else 0, cost.score_all,
+                                cost.blend)
         self._role_constants: dict[str, tuple] = {}
         warm_up(token_bytes)
 
@@ -1128,7 +1159,7 @@ def ladder(lam: float = 0.2) -> dict[str, PolicyConfig]:
     glob = replace(emission, name="global", global_=True)
     cost = CostAware(frequency=True, session_text=True, learned_paths=True, token_classes=True,
                      score_all=True, calibrate_sent=True, token_bias=True, extend=True,
-                     agreement=True)
+                     agreement=True, blend=True)
     full = replace(glob, name="full", listings=True, isolate=True, follow=True, lead=True,
                    choose=MostExpected(), length=cost, lam=lam)
     return {
@@ -1164,4 +1195,5 @@ def ladder(lam: float = 0.2) -> dict[str, PolicyConfig]:
                                      length=replace(cost, extend=False)),
         "full-no-agreement": replace(full, name="full-no-agreement",
                                      length=replace(cost, agreement=False)),
+        "full-no-blend": replace(full, name="full-no-blend", length=replace(cost, blend=False)),
     }

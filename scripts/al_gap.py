@@ -112,13 +112,15 @@ class Recorder:
                                                             for c in step_candidates]
                 written = request.output[at]  # the target's token at the step's first position
                 for c in step_candidates:
-                    p = policy.acceptance.accept_probs(request.role, c.m, c.rows, 1, c.ids)[0]
+                    p = policy.acceptance.accept_probs(request.role, c.m, c.rows, 1, c.ids,
+                                                       c.agreed)[0]
                     self.passed_over.append((float(p), c.tokens[0] == written))
             self._score(policy, request, request.output[at:], step_candidates)
             candidates = []
             for c in step_candidates:
                 # (read before the policy learns from this step: what its plan saw)
-                reach = policy.acceptance.accept_probs(request.role, c.m, c.rows, ids=c.ids) \
+                reach = policy.acceptance.accept_probs(request.role, c.m, c.rows, ids=c.ids,
+                                                       agreed=c.agreed) \
                     if drafted and _sent_from(c, sent) else None
                 candidates.append((c.tokens, reach, c.frequency))
             self._open.setdefault(request.id, []).append((at, drafted, accepted, candidates))
@@ -132,7 +134,8 @@ class Recorder:
             known = min(len(c.tokens), len(written))
             if not known:
                 continue
-            reach = policy.acceptance.accept_probs(request.role, c.m, c.rows, known, c.ids)
+            reach = policy.acceptance.accept_probs(request.role, c.m, c.rows, known, c.ids,
+                                                   c.agreed)
             for j in range(known):
                 before = reach[j - 1] if j else 1.0
                 if before <= 0.0:

@@ -621,7 +621,8 @@ def test_agreeing_candidates_learn_rows_of_their_own():
 @pytest.mark.skipif(_policy_nb is None, reason="numba not installed")
 @pytest.mark.parametrize("name, padded", [("full", False), ("full", True),
                                           ("full-no-token-bias", False),
-                                          ("full-sent-only", False)])
+                                          ("full-sent-only", False),
+                                          ("full-no-blend", False)])
 def test_the_compiled_plan_drafts_as_the_reference(name, padded):
     # two policies in lockstep, one planning in the kernel and one in Python, on text of
     # repeated phrases (frequency paths taken whole and continued) with fenced blocks:
@@ -640,7 +641,7 @@ def test_the_compiled_plan_drafts_as_the_reference(name, padded):
                 for _ in range(2)]
     policies[1].compiled = False
     assert policies[0].compiled
-    continued, looked_up, sources, said, parted = 0, set(), set(), set(), 0
+    continued, looked_up, sources, said, parted, blended = 0, set(), set(), set(), 0, 0
     for call in range(4):
         prompt, targets, file = text(30), [text(12), text(12)], text(10)
         rows = []
@@ -658,16 +659,17 @@ def test_the_compiled_plan_drafts_as_the_reference(name, padded):
             for i, draft in enumerate(drafts[0]):
                 a, b = (p.running[rs[i].id] for p, rs in zip(policies, rows))
                 (a_candidates, a_sent, a_key), (b_candidates, b_sent, b_key) = a.step(), b.step()
-                assert [(c.tokens, c.m, c.rows.tolist(), c.ids.tolist(), c.frequency)
-                        for c in a_candidates] == \
-                    [(c.tokens, c.m, c.rows.tolist(), c.ids.tolist(), c.frequency)
-                     for c in b_candidates]
+                assert [(c.tokens, c.m, c.rows.tolist(), c.ids.tolist(), c.frequency,
+                         c.agreed.tolist()) for c in a_candidates] == \
+                    [(c.tokens, c.m, c.rows.tolist(), c.ids.tolist(), c.frequency,
+                      c.agreed.tolist()) for c in b_candidates]
                 assert a_key == b_key and a.step_costs.tolist() == b.step_costs.tolist()
                 assert (a_sent is None) == (b_sent is None)
                 if a_sent:
                     assert (a_sent.tokens, a_sent.rows.tolist()) == \
                         (b_sent.tokens, b_sent.rows.tolist())
                 continued += "+" in a_key
+                blended += any(len(c.agreed) for c in a_candidates)
                 said.update(int(row) % MODIFIERS // TOKEN_CLASSES
                             for c in a_candidates for row in c.rows)
                 parted += any(int(row) >> KIND_SHIFT == policies[0].acceptance.kinds["S=>"]
@@ -686,8 +688,12 @@ def test_the_compiled_plan_drafts_as_the_reference(name, padded):
     assert continued > 0 and looked_up == {True, False} and {"S", "B", "W"} <= sources
     assert said == {ALONE, AGREES, DIFFERS}  # (every rung here has agreement)
     assert parted  # (copies past their occurrences' common prefix, planned alike)
+    assert (blended > 0) == policies[0].config.length.blend
     # and both learned alike: the kernel from inside the next plan, Python before it
     a, b = (p.acceptance for p in policies)
+    assert a.blends.keys() == b.blends.keys() \
+        and all(np.array_equal(a.blends[role], b.blends[role]) for role in a.blends)
+    assert (a.blend("code")[1] > 0).all() == policies[0].config.length.blend
     assert np.array_equal(a.bias, b.bias) and np.array_equal(a.rate_sums, b.rate_sums)
     assert all(a.sent_ratio(key) == b.sent_ratio(key) for key in a._slot | b._slot)
     assert all(np.array_equal(x, y) for x, y in zip(a.by_row["code"], b.by_row["code"]))

@@ -132,6 +132,8 @@ BAD = [  # (what is wrong, how to make it so, what the error says)
      "negative squared errors"),
     ("negative counts", lambda p, t: _tampered(p, **{"acceptance/pool/0": -np.ones((2, 68))}),
      "not one of (trials, hits) counts"),
+    ("a blend cut short", lambda p, t: _tampered(p, **{"acceptance/blend/0": np.zeros(3)}),
+     "the blend of role"),
     ("G's lengths off", lambda p, t: _tampered(p, **{"g/lengths": np.array([1, 2])}),
      "G's outputs must be token ids"),
     ("step costs", lambda p, t: _tampered(p, **{"costs/moments": np.zeros((2, 2))}),
