@@ -158,8 +158,9 @@ class CostAware:
     continued by the path after it (`extend`: up to EXTENSIONS times, each with curves and
     a sent ratio of its own); each draft token's row knowing whether the step's other
     candidate says the same (`agreement`); and the tokens both candidates say taking the
-    role's learned blend of their two predictions (`blend`). No Kmax cap: the acceptance model conditions on
-    match length, which separates long copies from short matches better.
+    role's learned blend of their two predictions (`blend`). No Kmax cap: the acceptance
+    model conditions on match length, which separates long copies from short matches
+    better.
 
     On an engine that pads (`padded`), every row pays for the longest draft: each row
     keeps its best candidate, and one width is planned for the batch, the one whose
@@ -246,7 +247,7 @@ class CostAware:
         S where the policy left it to the plan (see `Policy.propose`)."""
         acceptance = policy.acceptance
         s = policy.sessions[r.session].s
-        ids, rows, copy_ids, copy_rows, agreed, found, found_tokens, _, slots, kept, \
+        ids, rows, copy_ids, copy_rows, blended, found, found_tokens, _, slots, kept, \
             step_costs, _ = run.buffers
         # (the kernel reads the path worth anew where due, after it learned the step kept)
         worth, worth_age = policy.role_worth(r.role) \
@@ -272,7 +273,7 @@ class CostAware:
             *policy.role_constants(r.role), worth, drafted, accepted, revealed, worth_age,
             costs, copy_m, given_rows, given_ids, before, acceptance.ratios,
             acceptance.sent_sums, slots, -np.inf if padded else 0.0, found, found_tokens, ids,
-            rows, copy_ids, copy_rows, agreed, kept, step_costs)
+            rows, copy_ids, copy_rows, blended, kept, step_costs)
         if run.looks_up:  # what retrieval would have found: S's match, kept as the copy
             s.indexed_to(looked[6])
             copy_m, chosen, occurrences, agree, agreed = looked[:5]
@@ -505,9 +506,10 @@ class _Session:
 class StepBuffers(NamedTuple):
     """Where a request's plan keeps its step, until the next plan has learned from it: the
     path's ids (the token before it, then its tokens) and rows, the copy's, the blended
-    hazards of the tokens both say, the frequency search's drafts, the sent ratios' keys of the request's role (`_sent_keys`) and their
-    slots, what was decided (`_policy_nb.keep`'s layout) and the draft sent's expected
-    accepted tokens and cost; and whether its tokens' offsets are read (`token_bias`)."""
+    hazards of the tokens both say, the frequency search's drafts, the sent ratios' keys of
+    the request's role (`_sent_keys`) and their slots, what was decided
+    (`_policy_nb.keep`'s layout) and the draft sent's expected accepted tokens and cost; and
+    whether its tokens' offsets are read (`token_bias`)."""
 
     ids: np.ndarray
     rows: np.ndarray

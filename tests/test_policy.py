@@ -11,7 +11,7 @@ import pytest
 from agentspec.allocator import (AGREES, ALONE, COPY_BINS, DIFFERS, KIND_SHIFT, MODIFIERS,
                                  TOKEN_CLASSES,
                                  AcceptanceModel, agentspec_lengths, agreement, copy_bin,
-                                 hazard_counts, redundancy, scored)
+                                 hazard_counts, logit, redundancy, scored)
 from agentspec.controller import Controller, KmaxError, KmaxTable, load_kmax
 from agentspec.costs import BatchCost, CostProfile, linear_costs
 from agentspec.drafter import FILE, PROMPT, TOOL, Request
@@ -616,6 +616,26 @@ def test_agreeing_candidates_learn_rows_of_their_own():
         assert len(cands) == 2 and cands[0].tokens[:3] == cands[1].tokens[:3]
         assert all((int(c.rows[0]) % MODIFIERS // TOKEN_CLASSES == AGREES) == moved
                    for c in cands)
+
+
+def test_tokens_two_candidates_both_say_take_the_learned_blend_of_their_hazards():
+    model = AcceptanceModel()
+    copy = (3, np.full(4, model.kind("S1")), np.array([0, 5, 6, 7, 8]))
+    path = (2, np.full(4, model.kind("F1x1")), np.array([0, 5, 6, 7, 8]))
+    own = [model.accept_probs("code", m, rows, 4, ids) for m, rows, ids in (copy, path)]
+    hazards = [p / np.concatenate(([1.0], p[:-1])) for p in own]
+    agreed = model.agreed_hazards("code", copy, path, 2)
+    # it starts at the mean of the two logits, and plans read it for the tokens both say
+    mean_logit = (logit(hazards[0][0]) + logit(hazards[1][0])) / 2
+    assert agreed[0] == pytest.approx(1 / (1 + np.exp(-mean_logit)))
+    probs = model.accept_probs("code", *copy[:2], 4, copy[2], agreed)
+    assert probs[1] == pytest.approx(agreed[0] * agreed[1])
+    assert probs[2] == pytest.approx(probs[1] * hazards[0][2])
+    # the target taking every token both said teaches it to trust them more
+    for _ in range(50):
+        model.learn_blend("code", copy, path, 2, 2)
+    assert (model.agreed_hazards("code", copy, path, 2) > agreed + 0.1).all()
+    assert (model.blend("code")[1] > 0).all()
 
 
 @pytest.mark.skipif(_policy_nb is None, reason="numba not installed")
