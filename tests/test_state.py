@@ -90,6 +90,22 @@ def test_a_state_of_another_model_is_taken_with_a_warning(setup, sessions, ident
     assert len(warnings) == 1 and "learned serving another, not tiny" in warnings[0]
 
 
+def test_a_state_from_before_the_blend_is_taken_its_blend_starting_fresh(setup, sessions,
+                                                                         ident, tmp_path):
+    path = tmp_path / "full.npz"
+    policy = make_drafter("full", setup)
+    replay(sessions[:2], policy)
+    save(path, policy, ident)
+    with np.load(path) as z:
+        blends = [k for k in z.files if k.startswith("acceptance/blend/")]
+    assert blends
+    _tampered(path, **{k: None for k in blends})
+    restored = make_drafter("full", setup)
+    restore(path, restored, ident)
+    assert restored.acceptance.blends == {}
+    assert restored.acceptance.blend("code")[0].tolist() == list(allocator.BLEND_START)
+
+
 def test_a_drafter_that_keeps_nothing_writes_nothing(tmp_path):
     path = tmp_path / "plain.npz"
     assert not save(path, Plain(), Identity("plain", "tiny", "x"))
