@@ -103,14 +103,15 @@ def plan_request(s, s_open, open_len, g, with_g, context, look_k, a, b,
         want, max_k, max_context, min_prob, share_edges, evidence_edges, worth, found,
         found_tokens, session_text, kind_tables[0], token_classes, ids[:1], rows[:0], ids,
         rows)
-    if agreeing and has_copy and m:
-        _agree(copy_ids[1 : copy_length + 1], copy, ids[1 : length + 1], rows[:length],
-               agreeing)
-    both = 0  # how many first tokens the two candidates both say, blended
-    if with_blend and has_copy and m:
-        both = _blend(t, h, kt, kh, pt, ph, bin_of, width, pad, kind_shift, weight, bias, bits,
-                      blend, copy_m, copy, copy_ids[: copy_length + 1], m, rows[:length],
-                      ids[: length + 1], with_ids, agreed)
+    # how many first tokens both candidates say, and how many either could
+    common = min(copy_length, length) if has_copy and m else 0
+    parted = _parted(copy_ids, ids, common)
+    if agreeing and common:
+        _said(copy, parted, common, agreeing)
+        _said(rows[:length], parted, common, agreeing)
+    both = parted if with_blend else 0  # (the tokens whose hazards are blended)
+    _blend(t, h, kt, kh, pt, ph, bin_of, width, pad, kind_shift, weight, bias, bits, blend,
+           copy_m, copy, copy_ids, m, rows, ids, with_ids, agreed[:both])
     sent, n, depth, sent_length, key = -1, 0, 0, 0, -1
     if has_copy and copy_length:
         c_key = 1 if m else 0
@@ -192,25 +193,30 @@ def keep(kept, copy_m, copy_length, path_m, path_length, sent, sent_length, key,
 
 
 @njit(cache=True)
+def _parted(copy_ids, path_ids, common):
+    """Where a copy and a path (their ids: the token before them, then theirs) part within
+    their first `common` tokens (`common` where they do not)."""
+    parted = 0
+    while parted < common and copy_ids[parted + 1] == path_ids[parted + 1]:
+        parted += 1
+    return parted
+
+
+@njit(cache=True)
 def _blend(t, h, kt, kh, pt, ph, bin_of, width, pad, kind_shift, weight, bias, bits, blend,
            copy_m, copy_rows, copy_ids, path_m, path_rows, path_ids, with_ids, agreed):
-    """AcceptanceModel.agreed_hazards of a copy and a path (their ids: the token before
-    them, then theirs; their offsets read where with_ids), written into `agreed`; returns
-    how many tokens they both say."""
-    both = 0
-    while both < min(len(copy_rows), len(path_rows)) \
-            and copy_ids[both + 1] == path_ids[both + 1]:
-        both += 1
+    """AcceptanceModel.agreed_hazards of the first len(agreed) tokens, which a copy and a
+    path both say (their ids: the token before them, then theirs; their offsets read where
+    with_ids), written into `agreed`."""
     copy_offsets = copy_ids if with_ids else _NO_IDS
     path_offsets = path_ids if with_ids else _NO_IDS
-    for j in range(both):
+    for j in range(len(agreed)):
         agreed[j] = blended(
             blend[0],
             position_hazard(t, h, kt, kh, pt, ph, copy_rows, copy_m, j, bin_of, width, pad,
                             kind_shift, weight, bias, copy_offsets, bits),
             position_hazard(t, h, kt, kh, pt, ph, path_rows, path_m, j, bin_of, width, pad,
                             kind_shift, weight, bias, path_offsets, bits))
-    return both
 
 
 @njit(cache=True)
@@ -271,23 +277,10 @@ def _observe_scored(t, h, kt, kh, pt, ph, bin_of, width, pad, kind_shift, weight
 
 
 @njit(cache=True)
-def _agree(a, a_rows, b, b_rows, step):
-    """Rows of two candidates' tokens a and b moved by `step` times what the other says of
-    each token (`allocator.agreement`: 0 alone, 1 agrees, 2 differs)."""
-    n = min(len(a), len(b))
-    parted = n
-    for j in range(n):
-        if a[j] != b[j]:
-            parted = j
-            break
-    _said(a_rows, parted, n, step)
-    _said(b_rows, parted, n, step)
-
-
-@njit(cache=True)
 def _said(rows, parted, n, step):
-    """One candidate's rows moved: agrees before `parted`, differs from there where the two
-    parted inside their common n tokens, else alone."""
+    """One candidate's rows moved by `step` times what the other says of each token
+    (`allocator.agreement`: 0 alone, 1 agrees, 2 differs): agrees before `parted`, differs
+    from there where the two parted inside their common n tokens, else alone."""
     for j in range(len(rows)):
         if j < parted:
             rows[j] += step

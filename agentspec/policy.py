@@ -45,7 +45,7 @@ import numpy as np
 
 from agentspec import allocator, match
 from agentspec.allocator import (NO_HAZARDS, NO_IDS, TOKEN_CLASSES, AcceptanceModel,
-                                 agentspec_lengths, agreement, draft_ids, scored,
+                                 agentspec_lengths, agreement, draft_ids, parted, scored,
                                  token_classes, token_rows)
 from agentspec.controller import Controller, KmaxTable
 from agentspec.costs import linear_costs
@@ -633,10 +633,9 @@ def blended_pair(acceptance: AcceptanceModel, role: str, a: Candidate, b: Candid
     """A copy and a frequency path (either order), the tokens both say first given the
     role's blend of their two hazards (`AcceptanceModel.agreed_hazards`)."""
     copy, path = (b, a) if a.frequency else (a, b)
-    both = next((j for j, (x, y) in enumerate(zip(copy.tokens, path.tokens)) if x != y),
-                min(len(copy.tokens), len(path.tokens)))
     hazards = acceptance.agreed_hazards(role, (copy.m, copy.rows, copy.ids),
-                                        (path.m, path.rows, path.ids), both)
+                                        (path.m, path.rows, path.ids),
+                                        parted(copy.tokens, path.tokens))
     return [replace(c, agreed=hazards) for c in (a, b)]
 
 
