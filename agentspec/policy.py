@@ -1152,6 +1152,24 @@ def warm_up(token_bytes: list[bytes] | None = None) -> None:
     policy.start(Request("warm-up#2", "warm-up", text[:20], 20, role="code"))
 
 
+# `full`'s newer mechanisms, each switched off by one method: the field it clears, of
+# PolicyConfig where that has it, else of CostAware
+ABLATIONS = {
+    "full-no-listings": "listings",
+    "full-no-frequency": "frequency",
+    "full-no-session-text": "session_text",
+    "full-no-learned-paths": "learned_paths",
+    "full-no-classes": "token_classes",
+    "full-sent-only": "score_all",
+    "full-no-sent-calibration": "calibrate_sent",
+    "full-no-token-bias": "token_bias",
+    "full-no-output-lead": "lead",
+    "full-no-extension": "extend",
+    "full-no-agreement": "agreement",
+    "full-no-blend": "blend",
+}
+
+
 def ladder(lam: float = 0.2) -> dict[str, PolicyConfig]:
     """The method ladder of `agentspec bench`, each rung adding one mechanism."""
     session = PolicyConfig("session")
@@ -1176,25 +1194,7 @@ def ladder(lam: float = 0.2) -> dict[str, PolicyConfig]:
                                   length=Algorithm2()),
         "full": full,
         # full with each of its newer mechanisms switched off, one at a time
-        "full-no-listings": replace(full, name="full-no-listings", listings=False),
-        "full-no-frequency": replace(full, name="full-no-frequency",
-                                     length=replace(cost, frequency=False)),
-        "full-no-session-text": replace(full, name="full-no-session-text",
-                                        length=replace(cost, session_text=False)),
-        "full-no-learned-paths": replace(full, name="full-no-learned-paths",
-                                         length=replace(cost, learned_paths=False)),
-        "full-no-classes": replace(full, name="full-no-classes",
-                                   length=replace(cost, token_classes=False)),
-        "full-sent-only": replace(full, name="full-sent-only",
-                                  length=replace(cost, score_all=False)),
-        "full-no-sent-calibration": replace(full, name="full-no-sent-calibration",
-                                            length=replace(cost, calibrate_sent=False)),
-        "full-no-token-bias": replace(full, name="full-no-token-bias",
-                                      length=replace(cost, token_bias=False)),
-        "full-no-output-lead": replace(full, name="full-no-output-lead", lead=False),
-        "full-no-extension": replace(full, name="full-no-extension",
-                                     length=replace(cost, extend=False)),
-        "full-no-agreement": replace(full, name="full-no-agreement",
-                                     length=replace(cost, agreement=False)),
-        "full-no-blend": replace(full, name="full-no-blend", length=replace(cost, blend=False)),
+        **{name: replace(full, name=name, **{switch: False}) if hasattr(full, switch)
+           else replace(full, name=name, length=replace(cost, **{switch: False}))
+           for name, switch in ABLATIONS.items()},
     }
