@@ -234,9 +234,7 @@ def _learn(t, h, kt, kh, pt, ph, bin_of, width, pad, kind_shift, weight, bias, b
     sent, sent_length, key, both = kept[4], kept[5], kept[6], kept[7]
     if both:
         known = min(both, len(revealed))
-        matched = 0
-        while matched < known and ids[matched + 1] == revealed[matched]:
-            matched += 1
+        matched = _matched(ids, revealed, known)
         learn_blend(t, h, kt, kh, pt, ph, bin_of, width, pad, kind_shift, weight, bias, bits,
                     blend, blend_rate, copy_m, copy_rows, copy_ids if with_ids else _NO_IDS,
                     path_m, rows, ids if with_ids else _NO_IDS, known, matched)
@@ -266,14 +264,22 @@ def _observe_scored(t, h, kt, kh, pt, ph, bin_of, width, pad, kind_shift, weight
     """One candidate (its first `scored` tokens, c_ids[1:], against `revealed`) observed,
     as `AcceptanceModel.observe` takes it (`allocator.scored`: known, matched)."""
     known = min(scored, len(revealed))
-    matched = 0
-    while matched < known and c_ids[matched + 1] == revealed[matched]:
-        matched += 1
+    matched = _matched(c_ids, revealed, known)
     reached = min(matched + 1, known)
     if reached > 0 and m > 0:
         observe(t, h, kt, kh, pt, ph, c_rows[:reached], m, reached, matched, bin_of, width,
                 pad, kind_shift, spread, window, weight, bias, c_ids if with_ids else _NO_IDS,
                 bits, bias_rate)
+
+
+@njit(cache=True)
+def _matched(c_ids, revealed, known):
+    """How many of a candidate's first `known` tokens (c_ids: the token before it, then its
+    tokens) the target wrote (`revealed`), in order: `allocator.scored`'s matched."""
+    matched = 0
+    while matched < known and c_ids[matched + 1] == revealed[matched]:
+        matched += 1
+    return matched
 
 
 @njit(cache=True)
