@@ -541,7 +541,8 @@ def import_trace_cmd(
                                          "(default: the first folder's name)."),
 ) -> None:
     """Turn another agent's recorded runs into a trace that bench, profile-kmax and the
-    scripts replay (today: mini-swe-agent's .traj.json, one session per run).
+    scripts replay (today: mini-swe-agent's .traj.json, one session per run; where the
+    folders hold several runs of one task, a folder a run, each session is named by its run).
 
     [b]Example[/b]: agentspec import-trace results/real-agent/trajectories --out mini.jsonl.gz
     """

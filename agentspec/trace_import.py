@@ -73,14 +73,15 @@ def _text(content: object, i: int) -> str:
     raise TraceError(f"message {i}: content is neither text nor a list of parts")
 
 
-def trajectory_files(paths: list[Path]) -> list[Path]:
-    """The `.traj.json` files given, and those under the folders given, sorted."""
+def trajectory_files(paths: list[Path]) -> list[tuple[Path, Path]]:
+    """The `.traj.json` files given, and those under the folders given, sorted: each as
+    (the folder it was found under, the file); a file given alone is found under its own."""
     found = []
     for path in paths:
         if path.is_dir():
-            found.extend(sorted(path.rglob("*.traj.json")))
+            found.extend((path, f) for f in sorted(path.rglob("*.traj.json")))
         elif path.is_file():
-            found.append(path)
+            found.append((path.parent, path))
         else:
             raise TraceError(f"{path}: no such file or folder")
     if not found:
@@ -88,23 +89,42 @@ def trajectory_files(paths: list[Path]) -> list[Path]:
     return found
 
 
+def _run_of(root: Path, path: Path, task: str) -> str:
+    """Which run a trajectory belongs to: its folder under `root`, less a last folder named
+    after its task (mini-swe-agent writes `<run>/<instance_id>/<instance_id>.traj.json`)."""
+    parts = path.parent.relative_to(root).parts
+    if parts and parts[-1] == task:
+        parts = parts[:-1]
+    return "/".join(parts)
+
+
 def import_mini_swe(paths: list[Path], source: str) -> tuple[list[Session], list[TraceError]]:
     """Every trajectory under `paths` as a session; the ones that cannot be read come back
-    as errors naming their file (none read at all: raised, that is the wrong input)."""
-    sessions, errors = [], []
-    for path in trajectory_files(paths):
+    as errors naming their file (none read at all: raised, that is the wrong input).
+    Sessions are named `source/<task>`; where the folders hold several runs of one task
+    (a run per folder), every session is named by its run too, `source/<run>/<task>`."""
+    sessions, runs, errors = [], [], []
+    for root, path in trajectory_files(paths):
         try:
             traj = json.loads(path.read_text(encoding="utf-8"))
             # (a run of no SWE-bench instance: its file names the task)
-            sessions.append(mini_swe_session(traj, source, path.name.split(".")[0]))
+            session = mini_swe_session(traj, source, path.name.split(".")[0])
         except json.JSONDecodeError as e:
             errors.append(TraceError(f"{path}: not valid JSON ({e.msg})"))
+            continue
         except (TraceError, UnicodeDecodeError) as e:
             errors.append(TraceError(f"{path}: {e}"))
+            continue
+        sessions.append(session)
+        runs.append(_run_of(root, path, session.meta["task"]))
     if not sessions:
         raise TraceError(f"no trajectory could be read: {errors[0]}")
+    if len({s.id for s in sessions}) != len(sessions):
+        for session, run in zip(sessions, runs):
+            if run:
+                session.id = f"{source}/{run}/{session.meta['task']}"
     ids = [s.id for s in sessions]
     if len(set(ids)) != len(ids):
-        raise TraceError(f"two trajectories of one task under {source!r}: "
+        raise TraceError(f"two trajectories of one task in one run under {source!r}: "
                          f"{next(i for i in ids if ids.count(i) > 1)}")
     return sessions, errors

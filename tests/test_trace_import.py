@@ -87,6 +87,27 @@ def test_a_folder_imports_with_bad_files_skipped_and_named(tmp_path):
         import_mini_swe([tmp_path / "empty"], "mini")
 
 
+def test_several_runs_of_one_task_are_named_by_their_run(tmp_path):
+    results = tmp_path / "results"
+    for run, tasks in (("high", ("a__a-1", "b__b-2")), ("low", ("a__a-1",))):
+        for task in tasks:
+            (results / run / task).mkdir(parents=True)
+            (results / run / task / f"{task}.traj.json").write_text(json.dumps(trajectory(task)))
+    sessions, errors = import_mini_swe([results], "gpt")
+    assert not errors
+    assert [s.id for s in sessions] == ["gpt/high/a__a-1", "gpt/high/b__b-2", "gpt/low/a__a-1"]
+    # the task stays the task, so the bench's task split keeps a task's runs on one side
+    assert [s.task for s in sessions] == ["a__a-1", "b__b-2", "a__a-1"]
+    # one run alone keeps the short names
+    sessions, _ = import_mini_swe([results / "high"], "gpt")
+    assert [s.id for s in sessions] == ["gpt/a__a-1", "gpt/b__b-2"]
+    # two trajectories of one task in one run: nothing tells them apart
+    (results / "low" / "copy.traj.json").write_text(json.dumps(trajectory("a__a-1")))
+    with pytest.raises(TraceError, match="two trajectories of one task in one run under "
+                                         "'gpt': gpt/low/a__a-1"):
+        import_mini_swe([results], "gpt")
+
+
 def test_import_trace_writes_a_trace_the_bench_reads(tmp_path):
     runs = tmp_path / "runs"
     runs.mkdir()
