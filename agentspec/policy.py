@@ -1167,6 +1167,7 @@ ABLATIONS = {
     "full-no-extension": "extend",
     "full-no-agreement": "agreement",
     "full-no-blend": "blend",
+    "full-no-blocks": "isolate",
 }
 
 
