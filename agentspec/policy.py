@@ -1152,7 +1152,7 @@ def warm_up(token_bytes: list[bytes] | None = None) -> None:
     policy.start(Request("warm-up#2", "warm-up", text[:20], 20, role="code"))
 
 
-# `full`'s newer mechanisms, each switched off by one method: the field it clears, of
+# `full`'s mechanisms, each switched off by one method: the field it clears, of
 # PolicyConfig where that has it, else of CostAware
 ABLATIONS = {
     "full-no-listings": "listings",
@@ -1194,7 +1194,7 @@ def ladder(lam: float = 0.2) -> dict[str, PolicyConfig]:
         "agentspec": PolicyConfig("agentspec", session=False, isolate=True, isolate_only=True,
                                   length=Algorithm2()),
         "full": full,
-        # full with each of its newer mechanisms switched off, one at a time
+        # full with each of its mechanisms switched off, one at a time
         **{name: replace(full, name=name, **{switch: False}) if hasattr(full, switch)
            else replace(full, name=name, length=replace(cost, **{switch: False}))
            for name, switch in ABLATIONS.items()},

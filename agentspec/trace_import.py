@@ -111,12 +111,11 @@ def import_mini_swe(paths: list[Path], source: str) -> tuple[list[Session], list
             session = mini_swe_session(traj, source, path.name.split(".")[0])
         except json.JSONDecodeError as e:
             errors.append(TraceError(f"{path}: not valid JSON ({e.msg})"))
-            continue
         except (TraceError, UnicodeDecodeError) as e:
             errors.append(TraceError(f"{path}: {e}"))
-            continue
-        sessions.append(session)
-        runs.append(_run_of(root, path, session.meta["task"]))
+        else:
+            sessions.append(session)
+            runs.append(_run_of(root, path, session.meta["task"]))
     if not sessions:
         raise TraceError(f"no trajectory could be read: {errors[0]}")
     if len({s.id for s in sessions}) != len(sessions):
