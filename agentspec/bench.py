@@ -148,19 +148,21 @@ def call_key(s: TokenizedSession, index: int) -> str:
 
 
 def write_outputs(outputs: dict[str, list[int]], path: str | Path, model: str,
-                  traces: Sequence[str]) -> None:
-    """What a real backend's plain run generated in each call (`--save-outputs`): a replay
-    with `--outputs` then measures every method on the served model's own text, in seconds
-    and without the wall clock's noise."""
+                  traces: Sequence[str], max_tokens: int) -> None:
+    """What a real backend's plain run generated in each call (`--save-outputs`), under a
+    budget of `max_tokens` a call: a replay with `--outputs` then measures every method on
+    the served model's own text, in seconds and without the wall clock's noise."""
     write_json({"format": OUTPUTS_FORMAT, "model": model, "traces": [str(t) for t in traces],
-                "outputs": outputs}, path)  # model: the tokenizer's name, as with_outputs checks
+                "max_tokens": max_tokens, "outputs": outputs},
+               path)  # model: the tokenizer's name, as with_outputs checks
 
 
 def with_outputs(sessions: Sequence[TokenizedSession], path: str | Path,
                  model: str) -> list[TokenizedSession]:
     """`sessions` whose generated calls have the outputs a real backend wrote (a file of
-    `write_outputs`) instead of the recorded ones; prompts and registered text stay as
-    recorded (whole, where the backend may have kept only a prompt's last tokens)."""
+    `write_outputs`) instead of the recorded ones, each under the budget it was generated
+    with; prompts and registered text stay as recorded (whole, where the backend may have
+    kept only a prompt's last tokens)."""
     try:
         data = json.loads(Path(path).read_text())
     except (OSError, ValueError) as e:
@@ -172,6 +174,11 @@ def with_outputs(sessions: Sequence[TokenizedSession], path: str | Path,
     if data.get("model") != model:
         raise BenchError(f"--outputs {path}: its outputs are {data.get('model')!r} tokens, "
                          f"this replay tokenizes with {model!r} (pass its --model)")
+    budget = data.get("max_tokens")  # (files written before it was kept: none)
+    if budget is not None and (not isinstance(budget, int) or isinstance(budget, bool)
+                               or budget < 1):
+        raise BenchError(f"--outputs {path}: max_tokens must be a positive integer, not "
+                         f"{budget!r}")
     served, replayed = data["outputs"], []
     for s in sessions:
         calls = []
@@ -187,7 +194,11 @@ def with_outputs(sessions: Sequence[TokenizedSession], path: str | Path,
                         isinstance(t, int) and t >= 0 for t in output):
                     raise BenchError(f"--outputs {path}: the output of call {key} is not a "
                                      "list of token ids")
-                tc = replace(tc, output=output)
+                if budget is not None and len(output) > budget:
+                    raise BenchError(f"--outputs {path}: the output of call {key} has "
+                                     f"{len(output)} tokens, over the file's max_tokens "
+                                     f"{budget}")
+                tc = replace(tc, output=output, max_tokens=budget)
             calls.append(tc)
         replayed.append(replace(s, calls=calls))
     return replayed

@@ -292,7 +292,7 @@ def _bench_mlx(run: BenchRun, *, json_out, plot_out, max_tokens, max_prompt_toke
     except (MLXError, *_user_errors()) as e:
         fail(str(e))
     _emit(result.report, json_out, plot_out, measured_table(result.report), sample=run.sample)
-    _save_outputs(result, save_outputs, run)
+    _save_outputs(result, save_outputs, run, max_tokens)
 
 
 def _bench_vllm(run: BenchRun, *, json_out, plot_out, max_tokens, max_prompt_tokens,
@@ -313,15 +313,16 @@ def _bench_vllm(run: BenchRun, *, json_out, plot_out, max_tokens, max_prompt_tok
         b = r.report["batch"]
         _emit(r.report, _per_size(json_out, b, run), _per_size(plot_out, b, run),
               measured_table(r.report), sample=run.sample)
-        _save_outputs(r, _per_size(save_outputs, b, run), run)
+        _save_outputs(r, _per_size(save_outputs, b, run), run, max_tokens)
 
 
-def _save_outputs(result, path: Optional[Path], run: BenchRun) -> None:
-    """Plain's outputs of a real backend's run, for a replay's --outputs."""
+def _save_outputs(result, path: Optional[Path], run: BenchRun, max_tokens: int) -> None:
+    """Plain's outputs of a real backend's run (each call's budget `max_tokens`), for a
+    replay's --outputs."""
     from agentspec.bench import write_outputs
 
     if path:
-        write_outputs(result.outputs, path, run.setup.tokenizer.name, run.traces)
+        write_outputs(result.outputs, path, run.setup.tokenizer.name, run.traces, max_tokens)
         console.print(f"wrote {path}")
 
 

@@ -30,6 +30,10 @@ class _Cursor:
     def target(self) -> list[int]:
         return self.session.calls[self.call].output
 
+    @property
+    def max_tokens(self) -> int | None:
+        return self.session.calls[self.call].max_tokens
+
 
 class Recording:
     """A target whose choices are the recorded outputs (rows hold their _Cursor as state)."""
@@ -40,7 +44,10 @@ class Recording:
         pass
 
     def clip(self, rows, drafts):
-        return drafts
+        # a backend's output cut at its token budget: no draft ran past it there (a step
+        # gives at most draft + 1 tokens); a recorded one ends where nothing says in advance
+        return [d if r.state.max_tokens is None else d[:max(r.state.max_tokens - len(r.tokens) - 1, 0)]
+                for r, d in zip(rows, drafts)]
 
     def verify(self, rows, drafts):
         out = []

@@ -74,6 +74,10 @@ class TokenizedCall:
     # (path, tokens) of workspace files first opened by this call (the first call also
     # carries the files that no call names)
     new_files: list[tuple[str, list[int]]] = field(default_factory=list)
+    # the token budget the output was generated under, where a real backend generated it
+    # (its --max-tokens; None: a recorded output, which ended on its own): the engine cut
+    # every draft to what the budget left, so a replay does too
+    max_tokens: int | None = None
 
     def register(self, drafter: Drafter, session: str) -> None:
         """Hand the drafter the text this call shows for the first time."""

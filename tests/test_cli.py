@@ -105,11 +105,11 @@ def test_every_command_has_help_with_examples():
         assert r.exit_code == 0 and "Example" in r.output
 
 
-def _served(path, model_name, calls, output=(5, 6, 7, 5, 6, 7, 5, 6)):
+def _served(path, model_name, calls, output=(5, 6, 7, 5, 6, 7, 5, 6), max_tokens=8):
     """An outputs file as a real backend's bench writes it (--save-outputs)."""
     from agentspec.bench import write_outputs
 
-    write_outputs({call: list(output) for call in calls}, path, model_name, [])
+    write_outputs({call: list(output) for call in calls}, path, model_name, [], max_tokens)
     return path
 
 
@@ -135,6 +135,22 @@ def test_a_replay_of_outputs_that_do_not_fit_is_one_message(tmp_path, trace, tin
     calls, name, output = change([f"s{i}#{m}" for i in range(8) for m in (0, 1)],
                                  tiny_model_dir.name)
     served = _served(tmp_path / "served.json", name, calls, *([output] if output else []))
+    r = bench("--traces", trace, "--no-split", "--outputs", served, "--methods", "plain",
+              model=tiny_model_dir)
+    assert r.exit_code == 2 and message in r.output and "Traceback" not in r.output
+
+
+@pytest.mark.parametrize("max_tokens, message", [
+    (0, "max_tokens must be a positive integer, not 0"),
+    ("128", "max_tokens must be a positive integer, not '128'"),
+    (5, "the output of call s0#0 has 8 tokens, over the file's max_tokens 5"),
+])
+def test_outputs_with_a_bad_budget_are_one_message(tmp_path, trace, tiny_model_dir,
+                                                   max_tokens, message):
+    served = _served(tmp_path / "served.json", tiny_model_dir.name,
+                     [f"s{i}#{m}" for i in range(8) for m in (0, 1)])
+    data = json.loads(served.read_text())
+    served.write_text(json.dumps({**data, "max_tokens": max_tokens}))
     r = bench("--traces", trace, "--no-split", "--outputs", served, "--methods", "plain",
               model=tiny_model_dir)
     assert r.exit_code == 2 and message in r.output and "Traceback" not in r.output

@@ -1,4 +1,5 @@
 import time
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -94,6 +95,22 @@ def test_oracle_drafts_are_accepted_and_modeled(tok):
     plain = replay(sessions, Plain())
     assert len(plain.step_rows) / m.cost(0.0) == pytest.approx(m.total.al, rel=0.05)
     assert m.cost(0.2) < wrong.cost(0.2)
+
+
+def test_outputs_generated_under_a_budget_get_no_draft_past_it(tok):
+    # a backend cut each draft to what its --max-tokens left (a step gives draft + 1 tokens),
+    # so replaying its outputs does; a recorded output ends where nothing says in advance
+    sessions = tokenized(tok, 2)
+    targets = {f"{s.id}#{i}": c.output for s in sessions for i, c in enumerate(s.calls)}
+    wrong = Oracle(targets, k=0, wrong_tail=50)  # 50 wrong tokens a step
+    assert replay(sessions, wrong).total.drafted == 50 * sum(s.output_tokens for s in sessions)
+    budgeted = [replace(s, calls=[replace(c, max_tokens=len(c.output)) for c in s.calls])
+                for s in sessions]
+    m = replay(budgeted, wrong)
+    lengths = [len(c.output) for s in sessions for c in s.calls]
+    # the step at output position j has n - 1 - j tokens left to draft
+    assert m.total.drafted == sum(min(50, n - 1 - j) for n in lengths for j in range(n))
+    assert m.total.steps == m.total.output_tokens == sum(lengths)
 
 
 def test_batch_lockstep_keeps_totals(tok):
