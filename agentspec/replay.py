@@ -46,8 +46,8 @@ class Recording:
     def clip(self, rows, drafts):
         # a backend's output cut at its token budget: no draft ran past it there (a step
         # gives at most draft + 1 tokens); a recorded one ends where nothing says in advance
-        return [d if r.state.max_tokens is None else d[:max(r.state.max_tokens - len(r.tokens) - 1, 0)]
-                for r, d in zip(rows, drafts)]
+        return [d if (budget := r.state.max_tokens) is None
+                else d[:max(budget - len(r.tokens) - 1, 0)] for r, d in zip(rows, drafts)]
 
     def verify(self, rows, drafts):
         out = []
