@@ -15,7 +15,7 @@ from typing import Callable, Sequence
 
 from agentspec.drafter import Drafter
 from agentspec.metrics import Meter
-from agentspec.speculation import Loop, Row, drafter_clock, drafter_ns
+from agentspec.speculation import Loop, Row, draft_room, drafter_clock, drafter_ns
 from agentspec.tokens import TokenizedSession
 
 
@@ -44,10 +44,10 @@ class Recording:
         pass
 
     def clip(self, rows, drafts):
-        # a backend's output cut at its token budget: no draft ran past it there (a step
-        # gives at most draft + 1 tokens); a recorded one ends where nothing says in advance
+        # a backend's output cut at its token budget: no draft ran past it there; a
+        # recorded one ends where nothing says in advance
         return [d if (budget := r.state.max_tokens) is None
-                else d[:max(budget - len(r.tokens) - 1, 0)] for r, d in zip(rows, drafts)]
+                else d[:draft_room(budget, len(r.tokens))] for r, d in zip(rows, drafts)]
 
     def verify(self, rows, drafts):
         out = []

@@ -30,6 +30,12 @@ def drafter_ns(start: tuple[int, int]) -> int:
     return min(thread_time_ns() - start[0], wall)
 
 
+def draft_room(max_tokens: int, done: int) -> int:
+    """How many draft tokens a step may send to an output of `done` tokens that may not pass
+    `max_tokens`: a step gives at most its draft + 1 tokens."""
+    return max(max_tokens - done - 1, 0)
+
+
 def accepted_prefix(draft: Sequence[int], choices: Sequence[int]) -> int:
     """How many draft tokens equal the target's choice at their position."""
     n = min(len(draft), len(choices))

@@ -174,7 +174,7 @@ from mlx_lm.models.cache import (ArraysCache, BatchKVCache, KVCache,  # noqa: E4
                                  RotatingKVCache, make_prompt_cache, trim_prompt_cache)
 
 from agentspec.drafter import Drafter, Request  # noqa: E402
-from agentspec.speculation import Loop, Row  # noqa: E402
+from agentspec.speculation import Loop, Row, draft_room  # noqa: E402
 
 
 class MLXError(Exception):
@@ -456,7 +456,7 @@ def _clip(draft: Sequence[int], k: int, vocab: int) -> list[int]:
 
 def _clip_rows(rows, drafts, max_draft: int, vocab: int) -> list[list[int]]:
     """Each row's draft cut to what it may still emit (and to max_draft and the vocabulary)."""
-    return [_clip(d, min(max_draft, r.max_tokens - len(r.tokens) - 1), vocab)
+    return [_clip(d, min(max_draft, draft_room(r.max_tokens, len(r.tokens))), vocab)
             for r, d in zip(rows, drafts)]
 
 
