@@ -159,6 +159,7 @@ def load_script(name: str):
     path = Path(__file__).resolve().parent.parent / "scripts" / f"{name}.py"
     spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod  # (a dataclass's annotations are resolved through its module)
     spec.loader.exec_module(mod)
     return mod
 
@@ -170,6 +171,20 @@ def run_without_numba(how: str, code: str) -> None:
     env = dict(os.environ, AGENTSPEC_NO_NUMBA="1" if how == "env" else "")
     subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=300,
                    cwd=Path(__file__).resolve().parent.parent)
+
+
+def replayed_alike(run, wrap):
+    """`full` replayed alone and inside `wrap` (a script's recording drafter), which must change
+    no draft: the wrapper and the replay's totals."""
+    from agentspec.bench import make_drafter
+    from agentspec.replay import replay
+
+    alone = replay(run.tokenized, make_drafter("full", run.setup)).total
+    wrapper = wrap(make_drafter("full", run.setup))
+    recorded = replay(run.tokenized, wrapper).total
+    assert (recorded.steps, recorded.accepted, recorded.drafted) == \
+        (alone.steps, alone.accepted, alone.drafted)
+    return wrapper, alone
 
 
 def replay_run(trace: Path, model_dir: Path, methods: str = "full"):

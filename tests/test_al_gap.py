@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from conftest import load_script, replay_run
+from conftest import load_script, replay_run, replayed_alike
 
 
 @pytest.fixture(scope="module")
@@ -15,15 +15,7 @@ def gap():
 
 
 def test_the_recorder_sees_every_step_and_changes_none(gap, trace, tiny_model_dir):
-    from agentspec.bench import make_drafter
-    from agentspec.replay import replay
-
-    run = replay_run(trace, tiny_model_dir)
-    alone = replay(run.tokenized, make_drafter("full", run.setup)).total
-    rec = gap.Recorder(make_drafter("full", run.setup))
-    recorded = replay(run.tokenized, rec).total
-    assert (recorded.steps, recorded.accepted, recorded.drafted) == \
-        (alone.steps, alone.accepted, alone.drafted)
+    rec, alone = replayed_alike(replay_run(trace, tiny_model_dir), gap.Recorder)
     assert len(rec.steps) == alone.steps
     assert sum(a for _, a in rec.steps.values()) == alone.accepted
     assert alone.accepted > 0  # the second patch of each session repeats the first

@@ -1,0 +1,192 @@
+#!/usr/bin/env python
+"""Would `full`'s acceptance model predict better from what it does not read?
+
+On the sessions `agentspec bench --backend replay` measures, it replays `full` and records, for
+every candidate of every step (sent or not), the probability the acceptance model gave its
+first token and whether that token was the one the target wrote, beside features of the step
+that no row or offset reads:
+- matched: the candidate's matched context length (rows read it as a copy length; the offsets,
+  learned over every length, do not);
+- line: how far into its line the output is (whether a match reaches back to the line start);
+- position: how far into its output the step is;
+- last_step: the request's last step, drafted and accepted tokens, and whether all were taken;
+- silent_steps: how many steps in a row the request has sent nothing;
+- local_rate: the share of the request's last 16 tokens that came from accepted drafts;
+- role: the request's role;
+- rival: how many candidates the step had, and whether their first tokens agree;
+- before: the token before the draft.
+Each is keyed with the candidate's source (copy or frequency path) and fitted online, in the
+order the policy learns, as a logit shift on top of the prediction (logistic regression, AdaGrad
+steps): the log loss of a recalibration per source alone, then with each feature, then with all.
+A feature that lowers it much carries what the model misses; one that does not, nothing.
+
+    .venv/bin/python scripts/feature_screen.py --traces ../shared/traces/sweagent-gpt4-run-1.jsonl.gz \\
+        --sessions 32 --seed 7
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from agentspec.bench import make_drafter  # noqa: E402
+from agentspec.replay import replay  # noqa: E402
+from scripts.replay_options import add_replay_options, load_replay, saved  # noqa: E402
+
+FEATURES = ("matched", "line", "position", "last_step", "silent_steps", "local_rate", "role",
+            "rival", "before")
+RATE = 0.1  # AdaGrad's step: RATE * error / sqrt(its squared errors so far)
+
+
+def bucket(x: float, edges: tuple) -> int:
+    """How many of the ascending edges x reaches."""
+    return sum(x >= e for e in edges)
+
+
+@dataclass
+class History:
+    """What a request's past steps say: its last step, its silent streak, and for each token
+    written, whether it was an accepted draft token."""
+
+    drafted: int = 0
+    accepted: int = 0
+    silent_steps: int = 0
+    from_drafts: list[bool] = field(default_factory=list)
+
+    def add(self, drafted: int, accepted: int) -> None:
+        self.from_drafts += [True] * accepted + [False]  # the target's own token closes a step
+        self.silent_steps = 0 if drafted else self.silent_steps + 1
+        self.drafted, self.accepted = drafted, accepted
+
+
+class Screen:
+    """A `full` drafter as the engine sees it, recording each candidate's first token:
+    (predicted probability, whether it was right, its features)."""
+
+    def __init__(self, inner, newline: np.ndarray):
+        self.inner = inner
+        self.newline = newline  # per token id: whether it holds a newline
+        self.rows: list[tuple[float, bool, dict]] = []
+        self._start: dict[str, int] = {}
+        self._history: dict[str, History] = {}
+
+    def __getattr__(self, name):  # register, start, finish, ...: the drafter's own
+        return getattr(self.inner, name)
+
+    def propose(self, batch, padded=False):
+        for r in batch:
+            self._start[r.id] = len(r.output)
+        return self.inner.propose(batch, padded)
+
+    def observe(self, request, drafted, accepted):
+        at = self._start[request.id]
+        history = self._history.setdefault(request.id, History())
+        if at < len(request.output):
+            # (read before the policy learns from this step: what its plan saw)
+            candidates, _, _ = self.inner.running[request.id].step()
+            written = request.output[at]
+            for c in candidates:
+                p = self.inner.acceptance.accept_probs(request.role, c.m, c.rows, 1, c.ids,
+                                                       c.agreed)[0]
+                self.rows.append((float(p), c.tokens[0] == written,
+                                  self._features(request, at, history, c, candidates)))
+        history.add(drafted, accepted)
+        self.inner.observe(request, drafted, accepted)
+
+    def _features(self, request, at, history, candidate, candidates) -> dict:
+        end = request.num_prompt + at  # the step's context ends here
+        line = 0
+        while line < min(end, 64) and not self.newline[request.tokens[end - 1 - line]]:
+            line += 1
+        recent = history.from_drafts[-16:]
+        rival = len(candidates) == 2 and candidates[0].tokens[0] == candidates[1].tokens[0]
+        return {
+            "source": "path" if candidate.frequency else "copy",
+            "matched": bucket(candidate.m, (2, 3, 4, 6, 9, 17)),
+            "line": bucket(line, (1, 3, 6, 11, 21, 41)),
+            "position": bucket(at, (1, 4, 16, 64, 256)),
+            "last_step": (min(history.drafted, 3), min(history.accepted, 3),
+                          history.drafted > 0 and history.accepted == history.drafted),
+            "silent_steps": bucket(history.silent_steps, (1, 2, 3, 5, 9)),
+            "local_rate": bucket(sum(recent) / max(1, len(recent)), (0.01, 0.2, 0.4, 0.6, 0.8)),
+            "role": request.role,
+            "rival": (len(candidates), rival),
+            "before": request.tokens[end - 1] if end else -1,
+        }
+
+
+def log_loss(p: np.ndarray, y: np.ndarray) -> float:
+    p = np.clip(p, 1e-6, 1 - 1e-6)
+    return float(-np.mean(y * np.log(p) + (1 - y) * np.log(1 - p)))
+
+
+def recalibrated(rows: list[tuple[float, bool, dict]], features: tuple[str, ...]) -> np.ndarray:
+    """Each row's prediction after an online logistic regression, learned in order, on its
+    logit (a slope) and a shift per source and per value of each feature with the source."""
+    shift: dict[tuple, float] = {}
+    squared: dict[tuple, float] = {}
+    slope, slope_squared = 0.0, 0.0
+    out = np.empty(len(rows))
+    for i, (p, right, values) in enumerate(rows):
+        source = values["source"]
+        keys = [(source,)] + [(name, source, values[name]) for name in features]
+        p = min(max(p, 1e-6), 1 - 1e-6)
+        z = math.log(p / (1 - p))
+        out[i] = q = 1.0 / (1.0 + math.exp(-((1.0 + slope) * z
+                                             + sum(shift.get(k, 0.0) for k in keys))))
+        error = q - right
+        for k in keys:
+            squared[k] = squared.get(k, 0.0) + error * error
+            if squared[k]:
+                shift[k] = shift.get(k, 0.0) - RATE * error / math.sqrt(squared[k])
+        slope_squared += (error * z) ** 2
+        if slope_squared:
+            slope -= RATE * error * z / math.sqrt(slope_squared)
+    return out
+
+
+def screen(rows: list[tuple[float, bool, dict]]) -> dict:
+    """The log loss of the predictions, recalibrated per source, with each feature, with all."""
+    predicted = np.array([p for p, _, _ in rows])
+    right = np.array([r for _, r, _ in rows], dtype=float)
+    with_source = log_loss(recalibrated(rows, ()), right)
+    return {
+        "first_tokens": len(rows),
+        "acceptance_model": log_loss(predicted, right),
+        "recalibrated_per_source": with_source,
+        "with_feature": {name: log_loss(recalibrated(rows, (name,)), right)
+                         for name in FEATURES},
+        "with_all": log_loss(recalibrated(rows, FEATURES), right),
+    }
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_replay_options(ap, sessions=32)
+    args = ap.parse_args(argv)
+    run = load_replay(args, "full")
+    newline = np.array([b"\n" in t for t in run.setup.token_bytes])
+    recorder = Screen(make_drafter("full", run.setup), newline)
+    replay(run.tokenized, recorder, batch=args.batch)
+    report = screen(recorder.rows)
+    print(f"{report['first_tokens']} candidate first tokens; log loss:")
+    print(f"  acceptance model          {report['acceptance_model']:.4f}")
+    base = report["recalibrated_per_source"]
+    print(f"  recalibrated per source   {base:.4f}")
+    for name, loss in report["with_feature"].items():
+        print(f"  + {name:23s} {loss:.4f} ({(loss - base) / base:+.1%})")
+    print(f"  + all                     {report['with_all']:.4f} "
+          f"({(report['with_all'] - base) / base:+.1%})")
+    return saved(args, report)
+
+
+if __name__ == "__main__":
+    main()
