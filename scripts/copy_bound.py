@@ -6,7 +6,8 @@ sample, G from the profiling part), at every output position it looks at every o
 the last L context tokens in what a copy drafter may read: this call's prompt, the text the
 session showed before (S: every thread's messages and outputs; W: opened files, raw and in
 diff emission forms), the output written so far (an overlapping copy, as a loop repeats) and
-the profiling part's outputs (G). The bound drafts, at each step, the continuation of whichever
+the profiling part's outputs (G); every past output, in S and G, after its prompt's last
+tokens, as `full` keeps them (its lead). The bound drafts, at each step, the continuation of whichever
 occurrence the real output follows furthest, and exactly as many tokens as it will accept
 (so nothing is rejected). AL is output tokens per step; the speedup is modeled as in the
 ladder: a step drafting n tokens costs 1 + lambda*n plain steps.
@@ -38,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 
 from agentspec.models import resolve  # noqa: E402
 from agentspec.bench import pick_sessions, split_by_task  # noqa: E402
-from agentspec.match import Corpus, frequent_drafts  # noqa: E402
+from agentspec.match import MAX_CONTEXT, Corpus, frequent_drafts  # noqa: E402
 from agentspec.policy import emission_forms  # noqa: E402
 from agentspec.tokens import (ChatTokenizer, TokenizedCall, TokenizedSession,  # noqa: E402
                               tokenize_sessions)
@@ -66,6 +67,18 @@ class Occurrences:
     def following(self, key: np.int64) -> np.ndarray:
         lo, hi = np.searchsorted(self.keys, key), np.searchsorted(self.keys, key, "right")
         return self.after[lo:hi]
+
+
+def lead(prompt: np.ndarray) -> np.ndarray:
+    """What an output's document in `full`'s S and G starts with (`policy.output_lead`): the
+    prompt's last tokens, so a later output's first tokens may follow it."""
+    return prompt[-MAX_CONTEXT:]
+
+
+def document(call: TokenizedCall) -> np.ndarray:
+    """A call's output as `full` keeps it in S and G: after its lead."""
+    return np.concatenate([lead(np.asarray(call.prompt, np.int64)),
+                           np.asarray(call.output, np.int64)])
 
 
 def longest_copy(text: np.ndarray, starts: np.ndarray, future: np.ndarray, max_k: int) -> int:
@@ -99,6 +112,8 @@ def call_bound(prompt: np.ndarray, output: np.ndarray, earlier: Occurrences | No
     (they see the output as it is written, as `full`'s do)."""
     context = np.concatenate([prompt, output])
     keys = window_keys(context, length) if length else None
+    if frequency is not None:
+        frequency.session.extend(lead(prompt))  # (the output's document, as it is written)
     steps, p = [], 0
     while p < len(output):
         q = len(prompt) + p
@@ -121,7 +136,7 @@ def call_bound(prompt: np.ndarray, output: np.ndarray, earlier: Occurrences | No
         p += accepted + 1
     if frequency is not None:
         frequency.session.end_document()
-        frequency.outputs.extend(output)
+        frequency.outputs.extend(np.concatenate([lead(prompt), output]))
         frequency.outputs.end_document()
     return steps
 
@@ -149,31 +164,31 @@ def session_bound(session: TokenizedSession, tok: ChatTokenizer, g: Occurrences 
             frequency.session.extend(text)
             frequency.session.end_document()
         earlier = Occurrences(np.concatenate(seen), length) if seen and length else None
-        output = np.asarray(c.output, np.int64)
-        accepted += call_bound(np.asarray(c.prompt, np.int64), output, earlier, g, length, max_k,
-                               frequency)
-        seen.append(np.append(output, -1))
+        accepted += call_bound(np.asarray(c.prompt, np.int64), np.asarray(c.output, np.int64),
+                               earlier, g, length, max_k, frequency)
+        seen.append(np.append(document(c), -1))
     return accepted
 
 
-def bound(chosen: list[TokenizedSession], seed_outputs: list[list[int]], tok: ChatTokenizer,
+def bound(chosen: list[TokenizedSession], seed: list[np.ndarray], tok: ChatTokenizer,
           length: int | None, frequency: bool, max_k: int) -> list[int]:
-    """Accepted draft tokens of every step of the chosen sessions, replayed in order."""
+    """Accepted draft tokens of every step of the chosen sessions, replayed in order, G
+    starting with the `seed` documents."""
     accepted: list[int] = []
     source = None
     if frequency:
         source = FrequencySource(Corpus(min_context=1))
-        for o in seed_outputs:
+        for o in seed:
             source.outputs.extend(o)
             source.outputs.end_document()
     # G as the drafters have it: the profiling part's outputs, then each finished
     # session's (the replay runs the chosen sessions in this order)
-    g_parts = [np.append(np.asarray(o, np.int64), -1) for o in seed_outputs]
+    g_parts = [np.append(o, -1) for o in seed]
     for s in chosen:
         g = Occurrences(np.concatenate(g_parts or [np.zeros(0, np.int64)]), length) \
             if length else None
         accepted += session_bound(s, tok, g, length, max_k, source)
-        g_parts += [np.append(np.asarray(c.output, np.int64), -1) for c in s.calls]
+        g_parts += [np.append(document(c), -1) for c in s.calls]
     return accepted
 
 
@@ -201,14 +216,15 @@ def main(argv: list[str] | None = None) -> list[dict]:
     tok = ChatTokenizer.from_model(resolve(args.model))
     chosen = tokenize_sessions(pick_sessions(measured, args.sessions, args.seed), tok)
     held_tok = tokenize_sessions(held[:args.profile_sessions], tok)
-    seed_outputs = [c.output for s in held_tok for c in s.calls]
+    # (the bench's `full` serves the profiling part first: its outputs enter G with leads)
+    seed = [document(c) for s in held_tok for c in s.calls]
     tokens = sum(len(c.output) for s in chosen for c in s.calls)
     bounds = [(f"L >= {n}", n, False) for n in (int(x) for x in args.context.split(","))]
     if args.frequency:
         bounds += [("frequency", None, True), ("L >= 2 or frequency", 2, True)]
     rows = []
     for name, length, frequency in bounds:
-        accepted = bound(chosen, seed_outputs, tok, length, frequency, args.max_k)
+        accepted = bound(chosen, seed, tok, length, frequency, args.max_k)
         steps = len(accepted)
         rows.append({"source": name, "context": length, "frequency": frequency,
                      "output_tokens": tokens, "steps": steps, "al": tokens / steps,

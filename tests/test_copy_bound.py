@@ -69,6 +69,7 @@ def test_the_frequency_source_drafts_what_past_outputs_repeat(cb):
     source.outputs.extend([5, 6, 7, 8, 9])
     source.outputs.end_document()
     # after 5 6 the outputs draft 7 8 (no further than they matched); the call's output
-    # joins the session's text as it is written, and the outputs once it ends
+    # joins the session's text as it is written, and the outputs once it ends, each after
+    # its lead (the prompt's last tokens, here all three)
     assert cb.call_bound(arr(1, 5, 6), arr(7, 8, 4), None, None, None, 64, source) == [2]
-    assert len(source.session) == 3 and len(source.outputs) == 8
+    assert len(source.session) == 6 and len(source.outputs) == 11
