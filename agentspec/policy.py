@@ -23,7 +23,7 @@ mechanisms on and names two small strategy objects, composed per rung by `ladder
   continuation of the last few tokens over all outputs or over this session's own text
   (each source's path, and the source, the one the acceptance model expects more accepted
   tokens of; read from G and S, whose index then starts at one-token contexts:
-  `agentspec.frequency`, `match.frequent_candidate`; G is copied from too); each
+  `agentspec.frequency`, `match.frequent_candidate`; G then feeds this draft alone); each
   step drafts whichever of the two gains more under the cost model (a frequency path sent
   to its end, with the path after it where that gains more). Each draft token's
   curve knows what kind of token it is, and its words move it (learned offsets per token,
@@ -145,8 +145,8 @@ class Algorithm2:
 class CostAware:
     """Ours: per request, the candidate and length that gain most, expected accepted tokens
     (the policy's `AcceptanceModel`) against what drafting them costs at this batch size.
-    Its switches: a frequency-weighted candidate over outputs beside the copy
-    (`frequency`), and over the session's own text too
+    Its switches: a frequency-weighted candidate over outputs beside the copy (`frequency`;
+    G then feeds it alone, see Policy), and over the session's own text too
     (`session_text`), each the path the acceptance model expects the most of
     (`learned_paths`; else SuffixDecoding's pick); each draft token's curve knowing what
     kind of token it is (`token_classes`); every candidate scored against what the target
@@ -462,7 +462,6 @@ class PolicyConfig:
     emission: bool = False  # W, diff emission forms too
     listings: bool = False  # S, file lines a tool showed numbered, also without the numbers
     global_: bool = False  # G
-    global_copies: bool = True  # G is copied from as S and W are (else it feeds paths only)
     isolate: bool = False  # drafts inside a block only from history of that block
     isolate_only: bool = False  # AgentSpec: block history is the only source
     follow: bool = False  # keep reading a continuation while the output copies it
@@ -745,6 +744,10 @@ class Policy:
         self.warnings: list[str] = []
         # frequency drafts read contexts down to one token; copies start at two
         self._min_context = 1 if cost.frequency else None
+        # G's own copies repeat what the frequency draft over all outputs reads there (the
+        # same outputs, each continuation weighed by how often it followed): with that draft,
+        # G feeds it alone, and a step makes one lookup less
+        self._copies_from_g = not cost.frequency
         self.g = self._corpus(config.g_max_tokens) if config.global_ else None
         for tokens in global_seed if self.g is not None else ():
             self.g.extend(tokens)
@@ -912,7 +915,7 @@ class Policy:
             sources.append(("S", st.s))
         if cfg.workspace and len(st.w):
             sources.append(("W", st.w))
-        if cfg.global_copies and self.g is not None and len(self.g):
+        if self._copies_from_g and self.g is not None and len(self.g):
             sources.append(("G", self.g))
         return sources
 
@@ -1165,7 +1168,6 @@ ABLATIONS = {
     "full-no-agreement": "agreement",
     "full-no-blend": "blend",
     "full-no-blocks": "isolate",
-    "full-no-global-copies": "global_copies",
 }
 
 

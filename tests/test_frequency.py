@@ -176,12 +176,11 @@ def test_numpy_path_is_the_fallback():
 # --- the policy --------------------------------------------------------------------------------
 def test_full_drafts_what_past_outputs_say_when_nothing_can_be_copied():
     seed = [[5, 6, 7, 8, 9, 10, 11, 12]] * 3  # past outputs: 5 6 7 is always followed so
-    p = Policy(replace(ladder()["full-no-extension"], global_copies=False), global_seed=seed)
+    p = Policy(ladder()["full-no-extension"], global_seed=seed)
     r = request("r", "A", [1, 2, 3, 5, 6, 7])  # and S has no earlier 6 7
     p.start(r)
     draft = p.propose([r])[0]
-    # G feeds the frequency draft (here alone: no copy of it beside), no further than it
-    # matched
+    # G feeds the frequency draft alone (no copy of it beside), no further than it matched
     [frequent] = p.running["r"].step()[0]
     assert frequent.frequency and frequent.tokens == [8, 9, 10]
     assert draft == [8, 9, 10][:len(draft)]
@@ -192,19 +191,18 @@ def test_full_drafts_what_past_outputs_say_when_nothing_can_be_copied():
     assert p.acceptance.by_row["code"][0].sum() == 0
     p.propose([r])
     assert p.acceptance.by_row["code"][0].sum() > 0
-    # and G is copied from as the other corpora are, beside the path and without it
-    for method in ("full-no-extension", "full-no-frequency"):
-        p = Policy(ladder()[method], global_seed=seed)
-        r = request("r", "A", [1, 2, 3, 5, 6, 7])
-        p.start(r)
-        p.propose([r])
-        [copy] = [c for c in p.running["r"].step()[0] if not c.frequency]
-        assert p.running["r"].source.startswith("G") and copy.tokens[:5] == [8, 9, 10, 11, 12]
+    # without the frequency draft, G is copied from as the other corpora are
+    p = Policy(ladder()["full-no-frequency"], global_seed=seed)
+    r = request("r", "A", [1, 2, 3, 5, 6, 7])
+    p.start(r)
+    p.propose([r])
+    [copy] = p.running["r"].step()[0]
+    assert p.running["r"].source.startswith("G") and copy.tokens[:5] == [8, 9, 10, 11, 12]
 
 
 def test_a_frequency_path_drafted_to_its_end_is_continued_by_the_path_after_it():
     seed = [[5, 6, 7, 8, 9, 10, 11, 12]] * 3  # as above: after 5 6 7, the path is 8 9 10
-    p = Policy(ladder()["full-no-global-copies"], global_seed=seed)  # (the path alone)
+    p = Policy(ladder()["full"], global_seed=seed)
     r = request("r", "A", [1, 2, 3, 5, 6, 7])
     p.start(r)
     draft = p.propose([r])[0]
@@ -224,7 +222,7 @@ def test_a_frequency_path_drafted_to_its_end_is_continued_by_the_path_after_it()
     width = len(t) // (len(p.acceptance.kinds) * MODIFIERS)
     assert h[continued * width:(continued + MODIFIERS) * width].sum() > 0
     # where the path is not drafted to its end, nothing is looked up after it
-    p = Policy(replace(ladder()["full-no-global-copies"], lam=5.0), global_seed=seed)
+    p = Policy(replace(ladder()["full"], lam=5.0), global_seed=seed)
     r = request("r", "A", [1, 2, 3, 5, 6, 7])
     p.start(r)
     p.propose([r])
