@@ -683,13 +683,13 @@ def numbered_listings(text: str) -> list[str]:
     return listings
 
 
-def output_lead(request: Request) -> list[int]:
-    """The prompt's last MAX_CONTEXT tokens (the chat template's assistant header among
-    them), which an output's document in S and G starts with: the first tokens of an
-    output then follow a context that earlier outputs' first tokens followed, as the
-    frequency search reads at any later position (which otherwise had only text no output
-    ever followed)."""
-    return request.tokens[max(0, request.num_prompt - MAX_CONTEXT) : request.num_prompt]
+def output_lead(tokens: Sequence[int], num_prompt: int) -> Sequence[int]:
+    """The prompt's last MAX_CONTEXT tokens (`tokens[:num_prompt]` is the prompt; the chat
+    template's assistant header among them), which an output's document in S and G starts
+    with: the first tokens of an output then follow a context that earlier outputs' first
+    tokens followed, as the frequency search reads at any later position (which otherwise
+    had only text no output ever followed)."""
+    return tokens[max(0, num_prompt - MAX_CONTEXT) : num_prompt]
 
 
 def emission_forms(text: str) -> tuple[str, str]:
@@ -843,7 +843,7 @@ class Policy:
             run.buffers = step_buffers(self, request.role)
         if self.config.session and self.config.lead:
             st.s.end_document()  # (a lead starts a document, glued to no other request's)
-            st.s.extend(output_lead(request))
+            st.s.extend(output_lead(request.tokens, request.num_prompt))
         if self.config.isolate and request.structure and self.token_bytes is not None:
             try:
                 pairs = parse_structure([list(p) for p in request.structure])
@@ -1046,7 +1046,7 @@ class Policy:
             corpus.end_document()
         if self.g is not None and request.output:
             if self.config.lead:
-                self.g.extend(output_lead(request))
+                self.g.extend(output_lead(request.tokens, request.num_prompt))
             self.g.extend(request.output)
             self.g.end_document()
 

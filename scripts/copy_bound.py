@@ -39,8 +39,8 @@ sys.path.insert(0, str(ROOT))
 
 from agentspec.models import resolve  # noqa: E402
 from agentspec.bench import pick_sessions, split_by_task  # noqa: E402
-from agentspec.match import MAX_CONTEXT, Corpus, frequent_drafts  # noqa: E402
-from agentspec.policy import emission_forms  # noqa: E402
+from agentspec.match import Corpus, frequent_drafts  # noqa: E402
+from agentspec.policy import emission_forms, output_lead  # noqa: E402
 from agentspec.tokens import (ChatTokenizer, TokenizedCall, TokenizedSession,  # noqa: E402
                               tokenize_sessions)
 from agentspec.trace import read_sessions  # noqa: E402
@@ -69,16 +69,9 @@ class Occurrences:
         return self.after[lo:hi]
 
 
-def lead(prompt: np.ndarray) -> np.ndarray:
-    """What an output's document in `full`'s S and G starts with (`policy.output_lead`): the
-    prompt's last tokens, so a later output's first tokens may follow it."""
-    return prompt[-MAX_CONTEXT:]
-
-
-def document(call: TokenizedCall) -> np.ndarray:
-    """A call's output as `full` keeps it in S and G: after its lead."""
-    return np.concatenate([lead(np.asarray(call.prompt, np.int64)),
-                           np.asarray(call.output, np.int64)])
+def document(prompt, output) -> np.ndarray:
+    """An output as `full` keeps it in S and G: after its lead (`policy.output_lead`)."""
+    return np.concatenate([output_lead(prompt, len(prompt)), output]).astype(np.int64)
 
 
 def longest_copy(text: np.ndarray, starts: np.ndarray, future: np.ndarray, max_k: int) -> int:
@@ -113,7 +106,8 @@ def call_bound(prompt: np.ndarray, output: np.ndarray, earlier: Occurrences | No
     context = np.concatenate([prompt, output])
     keys = window_keys(context, length) if length else None
     if frequency is not None:
-        frequency.session.extend(lead(prompt))  # (the output's document, as it is written)
+        # (the output's document, as it is written)
+        frequency.session.extend(output_lead(prompt, len(prompt)))
     steps, p = [], 0
     while p < len(output):
         q = len(prompt) + p
@@ -136,7 +130,7 @@ def call_bound(prompt: np.ndarray, output: np.ndarray, earlier: Occurrences | No
         p += accepted + 1
     if frequency is not None:
         frequency.session.end_document()
-        frequency.outputs.extend(np.concatenate([lead(prompt), output]))
+        frequency.outputs.extend(document(prompt, output))
         frequency.outputs.end_document()
     return steps
 
@@ -164,9 +158,9 @@ def session_bound(session: TokenizedSession, tok: ChatTokenizer, g: Occurrences 
             frequency.session.extend(text)
             frequency.session.end_document()
         earlier = Occurrences(np.concatenate(seen), length) if seen and length else None
-        accepted += call_bound(np.asarray(c.prompt, np.int64), np.asarray(c.output, np.int64),
-                               earlier, g, length, max_k, frequency)
-        seen.append(np.append(document(c), -1))
+        prompt, output = np.asarray(c.prompt, np.int64), np.asarray(c.output, np.int64)
+        accepted += call_bound(prompt, output, earlier, g, length, max_k, frequency)
+        seen.append(np.append(document(prompt, output), -1))
     return accepted
 
 
@@ -188,7 +182,7 @@ def bound(chosen: list[TokenizedSession], seed: list[np.ndarray], tok: ChatToken
         g = Occurrences(np.concatenate(g_parts or [np.zeros(0, np.int64)]), length) \
             if length else None
         accepted += session_bound(s, tok, g, length, max_k, source)
-        g_parts += [np.append(document(c), -1) for c in s.calls]
+        g_parts += [np.append(document(c.prompt, c.output), -1) for c in s.calls]
     return accepted
 
 
@@ -217,7 +211,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     chosen = tokenize_sessions(pick_sessions(measured, args.sessions, args.seed), tok)
     held_tok = tokenize_sessions(held[:args.profile_sessions], tok)
     # (the bench's `full` serves the profiling part first: its outputs enter G with leads)
-    seed = [document(c) for s in held_tok for c in s.calls]
+    seed = [document(c.prompt, c.output) for s in held_tok for c in s.calls]
     tokens = sum(len(c.output) for s in chosen for c in s.calls)
     bounds = [(f"L >= {n}", n, False) for n in (int(x) for x in args.context.split(","))]
     if args.frequency:

@@ -193,7 +193,8 @@ def test_policies_serve_the_profiling_split(tok):
     seeded = make_drafter("full", BenchSetup(global_seed=seed))
     served = make_drafter("full", BenchSetup(global_seed=seed, served=held))
     assert [d.tolist() for d in seeded.g.documents()] == [o for o in seed if o]
-    leads = [output_lead(s.request(i)) for s in held for i, c in enumerate(s.calls) if c.output]
+    requests = [s.request(i) for s in held for i, c in enumerate(s.calls) if c.output]
+    leads = [output_lead(r.tokens, r.num_prompt) for r in requests]
     assert [d.tolist() for d in served.g.documents()] == \
         [lead + o for lead, o in zip(leads, (o for o in seed if o))]
     assert served.global_seed_outputs == seeded.global_seed_outputs == len(seed) > 0
