@@ -56,13 +56,14 @@ from agentspec.metrics import Meter  # noqa: E402
 from agentspec.policy import CostAware, Policy  # noqa: E402
 from agentspec.replay import replay  # noqa: E402
 from agentspec.speculation import accepted_prefix  # noqa: E402
-from scripts.replay_options import add_replay_options, load_replay, saved  # noqa: E402
+from scripts.replay_options import (Watcher, add_replay_options, first_token,  # noqa: E402
+                                    load_replay, saved)
 
 BANDS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.7, 1.0)
 AGREEMENTS = {ALONE: "alone", AGREES: "agrees", DIFFERS: "differs"}  # a row's, by name
 
 
-class Recorder:
+class Recorder(Watcher):
     """A drafter as the engine sees it, recording each step of each request: (request id,
     output position the step starts at) -> (drafted, accepted). Of a `full` policy it also
     records, at each step it drafted nothing, every candidate's predicted first-token
@@ -73,14 +74,13 @@ class Recorder:
     (`scored`: predicted hazard and outcome, by kind, agreement and position)."""
 
     def __init__(self, inner):
-        self.inner = inner
+        super().__init__(inner)
         self.steps: dict[tuple[str, int], tuple[int, int]] = {}
         self.drafts: dict[tuple[str, int], list[int]] = {}  # each step's draft sent
         # of a `full` policy, at each step it drafted nothing: its candidates' tokens
         self.silent_candidates: dict[tuple[str, int], list[list[int]]] = {}
         self.outputs: dict[str, list[int]] = {}  # each finished request's whole output
         self.passed_over: list[tuple[float, bool]] = []
-        self._start: dict[str, int] = {}
         # per request, full's steps not yet set against the whole output: (where the step
         # starts, tokens drafted, tokens accepted, each candidate as (tokens, the reach
         # probability of each token if it was sent, else None; whether it is a frequency path))
@@ -90,19 +90,14 @@ class Recorder:
         self.reach: dict[tuple[str, str], list[tuple[float, bool]]] = {}
         self.scored: dict[tuple[str, str, str], list[tuple[float, bool]]] = {}
 
-    def __getattr__(self, name):  # register, start, finish, ...: the drafter's own
-        return getattr(self.inner, name)
-
     def propose(self, batch, padded=False):
-        for r in batch:
-            self._start[r.id] = len(r.output)
-        drafts = self.inner.propose(batch, padded)
+        drafts = super().propose(batch, padded)
         for r, draft in zip(batch, drafts):
-            self.drafts[(r.id, self._start[r.id])] = list(draft)
+            self.drafts[(r.id, self.at[r.id])] = list(draft)
         return drafts
 
     def observe(self, request, drafted, accepted):
-        at = self._start[request.id]
+        at = self.at[request.id]
         self.steps[(request.id, at)] = (drafted, accepted)
         policy = self.inner
         if isinstance(policy, Policy) and isinstance(policy.config.length, CostAware):
@@ -111,10 +106,8 @@ class Recorder:
                 self.silent_candidates[(request.id, at)] = [list(c.tokens)
                                                             for c in step_candidates]
                 written = request.output[at]  # the target's token at the step's first position
-                for c in step_candidates:
-                    p = policy.acceptance.accept_probs(request.role, c.m, c.rows, 1, c.ids,
-                                                       c.agreed)[0]
-                    self.passed_over.append((float(p), c.tokens[0] == written))
+                self.passed_over += [first_token(policy, request, c, written)
+                                     for c in step_candidates]
             self._score(policy, request, request.output[at:], step_candidates)
             candidates = []
             for c in step_candidates:

@@ -37,9 +37,11 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from agentspec.allocator import logit  # noqa: E402
 from agentspec.bench import make_drafter  # noqa: E402
 from agentspec.replay import replay  # noqa: E402
-from scripts.replay_options import add_replay_options, load_replay, saved  # noqa: E402
+from scripts.replay_options import (Watcher, add_replay_options, first_token,  # noqa: E402
+                                    load_replay, saved)
 
 FEATURES = ("matched", "line", "position", "last_step", "silent_steps", "local_rate", "role",
             "rival", "before")
@@ -67,36 +69,24 @@ class History:
         self.drafted, self.accepted = drafted, accepted
 
 
-class Screen:
+class Screen(Watcher):
     """A `full` drafter as the engine sees it, recording each candidate's first token:
     (predicted probability, whether it was right, its features)."""
 
     def __init__(self, inner, newline: np.ndarray):
-        self.inner = inner
+        super().__init__(inner)
         self.newline = newline  # per token id: whether it holds a newline
         self.rows: list[tuple[float, bool, dict]] = []
-        self._start: dict[str, int] = {}
         self._history: dict[str, History] = {}
 
-    def __getattr__(self, name):  # register, start, finish, ...: the drafter's own
-        return getattr(self.inner, name)
-
-    def propose(self, batch, padded=False):
-        for r in batch:
-            self._start[r.id] = len(r.output)
-        return self.inner.propose(batch, padded)
-
     def observe(self, request, drafted, accepted):
-        at = self._start[request.id]
+        at = self.at[request.id]
         history = self._history.setdefault(request.id, History())
         if at < len(request.output):
-            # (read before the policy learns from this step: what its plan saw)
             candidates, _, _ = self.inner.running[request.id].step()
             written = request.output[at]
             for c in candidates:
-                p = self.inner.acceptance.accept_probs(request.role, c.m, c.rows, 1, c.ids,
-                                                       c.agreed)[0]
-                self.rows.append((float(p), c.tokens[0] == written,
+                self.rows.append((*first_token(self.inner, request, c, written),
                                   self._features(request, at, history, c, candidates)))
         history.add(drafted, accepted)
         self.inner.observe(request, drafted, accepted)
@@ -138,8 +128,7 @@ def recalibrated(rows: list[tuple[float, bool, dict]], features: tuple[str, ...]
     for i, (p, right, values) in enumerate(rows):
         source = values["source"]
         keys = [(source,)] + [(name, source, values[name]) for name in features]
-        p = min(max(p, 1e-6), 1 - 1e-6)
-        z = math.log(p / (1 - p))
+        z = logit(p)
         out[i] = q = 1.0 / (1.0 + math.exp(-((1.0 + slope) * z
                                              + sum(shift.get(k, 0.0) for k in keys))))
         error = q - right

@@ -1,6 +1,6 @@
 """What the scripts that replay the bench's sessions share: the options they take as
-`agentspec bench --backend replay` names them, and the run those load (the bench's own task
-split, tokenizer and structure)."""
+`agentspec bench --backend replay` names them, the run those load (the bench's own task
+split, tokenizer and structure), and a drafter wrapper that watches `full`'s steps."""
 
 from __future__ import annotations
 
@@ -29,6 +29,31 @@ def load_replay(args: argparse.Namespace, methods: str) -> BenchRun:
                       cost_profile=None, lam=args.lam, kmax=None, structure=args.structure,
                       profile_sessions=60, split=True, dtype=None, urls=(None, None),
                       outputs=None, save_outputs=None)
+
+
+class Watcher:
+    """A drafter as the engine sees it, every call passed through, that knows the output
+    position each request's current step starts at (`self.at[request.id]`)."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.at: dict[str, int] = {}
+
+    def __getattr__(self, name):  # register, start, finish, ...: the drafter's own
+        return getattr(self.inner, name)
+
+    def propose(self, batch, padded=False):
+        for r in batch:
+            self.at[r.id] = len(r.output)
+        return self.inner.propose(batch, padded)
+
+
+def first_token(policy, request, candidate, written: int) -> tuple[float, bool]:
+    """A candidate of `policy`'s step: the probability its plan gave its first token (read
+    before the policy learns from the step) and whether that token was `written`."""
+    p = policy.acceptance.accept_probs(request.role, candidate.m, candidate.rows, 1,
+                                       candidate.ids, candidate.agreed)[0]
+    return float(p), candidate.tokens[0] == written
 
 
 def saved(args: argparse.Namespace, report: dict) -> dict:

@@ -99,7 +99,7 @@ def test_every_candidate_is_scored_at_the_positions_the_target_wrote(gap, trace,
         candidates = right = 0
 
         def observe(self, request, drafted, accepted):
-            written = request.output[self._start[request.id]:]
+            written = request.output[self.at[request.id]:]
             for c in self.inner.running[request.id].step()[0]:
                 self.candidates += bool(c.tokens)
                 self.right += accepted_prefix(c.tokens, written)
