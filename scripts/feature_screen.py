@@ -14,7 +14,12 @@ that no row or offset reads:
 - local_rate: the share of the request's last 16 tokens that came from accepted drafts;
 - role: the request's role;
 - rival: how many candidates the step had, and whether their first tokens agree;
-- before: the token before the draft.
+- before: the token before the draft;
+- shorter: whether the most frequent next token after a shorter context (up to one token under
+  the candidate's matched length, or match.MAX_CONTEXT), in the session's text and over every
+  output, is the candidate's first, and how sure it is: evidence from levels the candidate's
+  own context does not read, as an interpolated n-gram model would pool it;
+- one_token: the same after the last token alone.
 Each is keyed with the candidate's source (copy or frequency path) and fitted online, in the
 order the policy learns, as a logit shift on top of the prediction (logistic regression, AdaGrad
 steps): the log loss of a recalibration per source alone, then with each feature, then with all.
@@ -39,12 +44,13 @@ sys.path.insert(0, str(ROOT))
 
 from agentspec.allocator import logit  # noqa: E402
 from agentspec.bench import make_drafter  # noqa: E402
+from agentspec.match import MAX_CONTEXT, frequent_drafts  # noqa: E402
 from agentspec.replay import replay  # noqa: E402
 from scripts.replay_options import (Watcher, add_replay_options, first_token,  # noqa: E402
                                     load_replay, saved)
 
 FEATURES = ("matched", "line", "position", "last_step", "silent_steps", "local_rate", "role",
-            "rival", "before")
+            "rival", "before", "shorter", "one_token")
 RATE = 0.1  # AdaGrad's step: RATE * error / sqrt(its squared errors so far)
 
 
@@ -110,7 +116,23 @@ class Screen(Watcher):
             "role": request.role,
             "rival": (len(candidates), rival),
             "before": request.tokens[end - 1] if end else -1,
+            "shorter": self._top_token(request, candidate,
+                                       max(1, min(candidate.m, MAX_CONTEXT) - 1)),
+            "one_token": self._top_token(request, candidate, 1),
         }
+
+    def _top_token(self, request, candidate, max_context: int) -> tuple:
+        """Whether the most frequent next token after the step's last max_context (or fewer)
+        tokens, in the session's text and over every output, is the candidate's first, with
+        the share of occurrences behind it (banded)."""
+        policy = self.inner
+        local, every = frequent_drafts(policy.sessions[request.session].s, policy.g,
+                                       policy.running[request.id].context, 1,
+                                       max_context=max_context)
+        first = candidate.tokens[0]
+        return tuple((bool(d.tokens) and d.tokens[0] == first,
+                      bucket(d.probs[0], (0.2, 0.4, 0.6, 0.8)) if d.tokens else -1)
+                     for d in (local, every))
 
 
 def log_loss(p: np.ndarray, y: np.ndarray) -> float:
