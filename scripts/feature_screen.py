@@ -84,6 +84,7 @@ class Screen(Watcher):
         self.newline = newline  # per token id: whether it holds a newline
         self.rows: list[tuple[float, bool, dict]] = []
         self._history: dict[str, History] = {}
+        self._tops: dict[int, tuple] = {}  # the step's frequency drafts, by max_context
 
     def observe(self, request, drafted, accepted):
         at = self.at[request.id]
@@ -91,6 +92,7 @@ class Screen(Watcher):
         if at < len(request.output):
             candidates, _, _ = self.inner.running[request.id].step()
             written = request.output[at]
+            self._tops.clear()
             for c in candidates:
                 self.rows.append((*first_token(self.inner, request, c, written),
                                   self._features(request, at, history, c, candidates)))
@@ -125,14 +127,15 @@ class Screen(Watcher):
         """Whether the most frequent next token after the step's last max_context (or fewer)
         tokens, in the session's text and over every output, is the candidate's first, with
         the share of occurrences behind it (banded)."""
-        policy = self.inner
-        local, every = frequent_drafts(policy.sessions[request.session].s, policy.g,
-                                       policy.running[request.id].context, 1,
-                                       max_context=max_context)
+        if max_context not in self._tops:  # (the step's candidates ask alike)
+            policy = self.inner
+            self._tops[max_context] = frequent_drafts(
+                policy.sessions[request.session].s, policy.g,
+                policy.running[request.id].context, 1, max_context=max_context)
         first = candidate.tokens[0]
         return tuple((bool(d.tokens) and d.tokens[0] == first,
                       bucket(d.probs[0], (0.2, 0.4, 0.6, 0.8)) if d.tokens else -1)
-                     for d in (local, every))
+                     for d in self._tops[max_context])
 
 
 def log_loss(p: np.ndarray, y: np.ndarray) -> float:
