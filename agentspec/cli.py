@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import inspect
 import json
+import re
 import sys
 import threading
 import time
@@ -541,9 +543,10 @@ def import_trace_cmd(
     source: Optional[str] = typer.Option(None, help="What the sessions' ids start with "
                                          "(default: the first folder's name)."),
 ) -> None:
-    """Turn another agent's recorded runs into a trace that bench, profile-kmax and the
-    scripts replay (today: mini-swe-agent's .traj.json, one session per run; where the
-    folders hold several runs of one task, a folder a run, each session is named by its run).
+    """Turn another agent's recorded runs into a trace that bench and profile-kmax replay.
+
+    Today it reads mini-swe-agent's .traj.json, one session per run; where the folders hold
+    several runs of one task, a folder a run, each session is named by its run.
 
     [b]Example[/b]: agentspec import-trace results/real-agent/trajectories --out mini.jsonl.gz
     """
@@ -934,6 +937,17 @@ def _serve_http(server, model: Optional[str], host: str, port: int) -> None:
         uvicorn.run(Api(server, names).app(), host=host, port=port, log_level="warning")
     finally:
         server.stop()
+
+
+def _one_line_paragraphs(doc: str) -> str:
+    """A docstring with each paragraph on one line (a paragraph's indent kept): typer's rich
+    help prints a docstring's line breaks as they are, so prose wrapped in the source would
+    print ragged, cut at both the source's breaks and the terminal's."""
+    return "\n\n".join(re.sub(r"\s*\n\s*", " ", p) for p in inspect.cleandoc(doc).split("\n\n"))
+
+
+for _info in (*app.registered_commands, *models_app.registered_commands):
+    _info.help = _one_line_paragraphs(_info.callback.__doc__)
 
 
 def main() -> None:

@@ -1,9 +1,11 @@
+import inspect
 import json
+import re
 
 import pytest
 from typer.testing import CliRunner
 
-from agentspec.cli import app
+from agentspec.cli import app, models_app
 from conftest import session_obj, write_jsonl
 
 runner = CliRunner()
@@ -103,6 +105,18 @@ def test_every_command_has_help_with_examples():
                 ["models", "list"]):
         r = runner.invoke(app, [*cmd, "--help"])
         assert r.exit_code == 0 and "Example" in r.output
+
+
+def test_help_prints_each_paragraph_unbroken():
+    # each paragraph of a command's docstring is one printed line on a wide terminal
+    for cmd in (["bench"], ["run-agent"], ["serve"], ["import-trace"], ["models", "pull"]):
+        r = runner.invoke(app, [*cmd, "--help"], env={"COLUMNS": "1000"})
+        lines = [" ".join(line.split()) for line in r.output.splitlines()]
+        info = next(i for i in (*app.registered_commands, *models_app.registered_commands)
+                    if (i.name or i.callback.__name__) == cmd[-1])
+        for paragraph in inspect.cleandoc(info.callback.__doc__).split("\n\n"):
+            text = " ".join(re.sub(r"\[/?\w*\]", "", paragraph).split())
+            assert text in lines, (cmd, text)
 
 
 def _served(path, model_name, calls, output=(5, 6, 7, 5, 6, 7, 5, 6), max_tokens=8):
