@@ -19,11 +19,17 @@ that no row or offset reads:
   the candidate's matched length, or match.MAX_CONTEXT), in the session's text and over every
   output, is the candidate's first, and how sure it is: evidence from levels the candidate's
   own context does not read, as an interpolated n-gram model would pool it;
-- one_token: the same after the last token alone.
+- one_token: the same after the last token alone;
+- line_head: the token that opens the output's current line (what kind of line it writes: a
+  command, a diff line, prose), or none where the line began before the output;
+- fenced: whether the output is inside a ``` block it opened.
 Each is keyed with the candidate's source (copy or frequency path) and fitted online, in the
 order the policy learns, as a logit shift on top of the prediction (logistic regression, AdaGrad
 steps): the log loss of a recalibration per source alone, then with each feature, then with all.
 A feature that lowers it much carries what the model misses; one that does not, nothing.
+Beside each log loss, the net tokens the plan would gain from first tokens predicted above a
+draft token's price (PRICE, about what λ0.2 costs at `full`'s speedup): each such token counts
+1 if right, less the price.
 
     .venv/bin/python scripts/feature_screen.py --traces ../shared/traces/sweagent-gpt4-run-1.jsonl.gz \\
         --sessions 32 --seed 7
@@ -50,8 +56,9 @@ from scripts.replay_options import (Watcher, add_replay_options, first_token,  #
                                     load_replay, saved)
 
 FEATURES = ("matched", "line", "position", "last_step", "silent_steps", "local_rate", "role",
-            "rival", "before", "shorter", "one_token")
+            "rival", "before", "shorter", "one_token", "line_head", "fenced")
 RATE = 0.1  # AdaGrad's step: RATE * error / sqrt(its squared errors so far)
+PRICE = 0.28  # λ0.2 times `full`'s λ0.2 speedup on the traces (~1.4)
 
 
 def bucket(x: float, edges: tuple) -> int:
@@ -79,9 +86,11 @@ class Screen(Watcher):
     """A `full` drafter as the engine sees it, recording each candidate's first token:
     (predicted probability, whether it was right, its features)."""
 
-    def __init__(self, inner, newline: np.ndarray):
+    def __init__(self, inner, token_bytes: list[bytes]):
         super().__init__(inner)
-        self.newline = newline  # per token id: whether it holds a newline
+        # per token id: whether it holds a newline, a code fence
+        self.newline = np.array([b"\n" in t for t in token_bytes])
+        self.fence = np.array([b"```" in t for t in token_bytes])
         self.rows: list[tuple[float, bool, dict]] = []
         self._history: dict[str, History] = {}
         self._tops: dict[int, tuple] = {}  # the step's frequency drafts, by max_context
@@ -104,6 +113,8 @@ class Screen(Watcher):
         line = 0
         while line < min(end, 64) and not self.newline[request.tokens[end - 1 - line]]:
             line += 1
+        head = end - line  # where the line starts, if it starts within the last 64 tokens
+        written = request.tokens[request.num_prompt:end]
         recent = history.from_drafts[-16:]
         rival = len(candidates) == 2 and candidates[0].tokens[0] == candidates[1].tokens[0]
         return {
@@ -121,6 +132,8 @@ class Screen(Watcher):
             "shorter": self._top_token(request, candidate,
                                        max(1, min(candidate.m, MAX_CONTEXT) - 1)),
             "one_token": self._top_token(request, candidate, 1),
+            "line_head": request.tokens[head] if request.num_prompt <= head < end else -1,
+            "fenced": int(self.fence[written].sum()) % 2 if len(written) else 0,
         }
 
     def _top_token(self, request, candidate, max_context: int) -> tuple:
@@ -167,18 +180,28 @@ def recalibrated(rows: list[tuple[float, bool, dict]], features: tuple[str, ...]
     return out
 
 
+def net_over_price(p: np.ndarray, right: np.ndarray) -> float:
+    """What the first tokens predicted above PRICE would net: 1 each if right, less PRICE."""
+    return float((right[p > PRICE] - PRICE).sum())
+
+
 def screen(rows: list[tuple[float, bool, dict]]) -> dict:
-    """The log loss of the predictions, recalibrated per source, with each feature, with all."""
+    """The log loss of the predictions, recalibrated per source, with each feature, with all;
+    and the net tokens over the price of each."""
     predicted = np.array([p for p, _, _ in rows])
     right = np.array([r for _, r, _ in rows], dtype=float)
-    with_source = log_loss(recalibrated(rows, ()), right)
+    fits = {"": recalibrated(rows, ()), "all": recalibrated(rows, FEATURES)}
+    fits.update((name, recalibrated(rows, (name,))) for name in FEATURES)
     return {
         "first_tokens": len(rows),
         "acceptance_model": log_loss(predicted, right),
-        "recalibrated_per_source": with_source,
-        "with_feature": {name: log_loss(recalibrated(rows, (name,)), right)
-                         for name in FEATURES},
-        "with_all": log_loss(recalibrated(rows, FEATURES), right),
+        "recalibrated_per_source": log_loss(fits[""], right),
+        "with_feature": {name: log_loss(fits[name], right) for name in FEATURES},
+        "with_all": log_loss(fits["all"], right),
+        "net_over_price": {"acceptance_model": net_over_price(predicted, right),
+                           "recalibrated_per_source": net_over_price(fits[""], right),
+                           **{name: net_over_price(fits[name], right) for name in FEATURES},
+                           "all": net_over_price(fits["all"], right)},
     }
 
 
@@ -187,18 +210,18 @@ def main(argv: list[str] | None = None) -> dict:
     add_replay_options(ap, sessions=32)
     args = ap.parse_args(argv)
     run = load_replay(args, "full")
-    newline = np.array([b"\n" in t for t in run.setup.token_bytes])
-    recorder = Screen(make_drafter("full", run.setup), newline)
+    recorder = Screen(make_drafter("full", run.setup), run.setup.token_bytes)
     replay(run.tokenized, recorder, batch=args.batch)
     report = screen(recorder.rows)
-    print(f"{report['first_tokens']} candidate first tokens; log loss:")
-    print(f"  acceptance model          {report['acceptance_model']:.4f}")
+    net = report["net_over_price"]
+    print(f"{report['first_tokens']} candidate first tokens; log loss, and net tokens over "
+          f"a price of {PRICE}:")
+    print(f"  acceptance model          {report['acceptance_model']:.4f}  "
+          f"{net['acceptance_model']:9.1f}")
     base = report["recalibrated_per_source"]
-    print(f"  recalibrated per source   {base:.4f}")
-    for name, loss in report["with_feature"].items():
-        print(f"  + {name:23s} {loss:.4f} ({(loss - base) / base:+.1%})")
-    print(f"  + all                     {report['with_all']:.4f} "
-          f"({(report['with_all'] - base) / base:+.1%})")
+    print(f"  recalibrated per source   {base:.4f}  {net['recalibrated_per_source']:9.1f}")
+    for name, loss in (*report["with_feature"].items(), ("all", report["with_all"])):
+        print(f"  + {name:23s} {loss:.4f} ({(loss - base) / base:+.1%})  {net[name]:9.1f}")
     return saved(args, report)
 
 

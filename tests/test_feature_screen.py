@@ -18,8 +18,7 @@ def fs():
 
 def test_the_screen_sees_every_candidate_and_changes_no_draft(fs, trace, tiny_model_dir):
     run = replay_run(trace, tiny_model_dir)
-    newline = np.array([b"\n" in t for t in run.setup.token_bytes])
-    screen, _ = replayed_alike(run, lambda full: fs.Screen(full, newline))
+    screen, _ = replayed_alike(run, lambda full: fs.Screen(full, run.setup.token_bytes))
     assert screen.rows and any(right for _, right, _ in screen.rows)
     for p, _, values in screen.rows:
         assert 0.0 <= p <= 1.0
@@ -41,12 +40,18 @@ def test_a_feature_that_decides_the_outcome_lowers_the_loss_and_noise_does_not(f
         if name != "matched":
             assert report["with_feature"][name] > 0.97 * base
     assert report["with_all"] < 0.85 * base
+    # all predicted 0.5, above the price: only the feature tells the 0.1 ones to be left out
+    net = report["net_over_price"]
+    assert net["acceptance_model"] == pytest.approx(sum(r for _, r, _ in rows) - 4000 * fs.PRICE)
+    assert net["matched"] > 1.2 * net["recalibrated_per_source"]
 
 
 def test_main_reports_every_feature(fs, trace, tiny_model_dir, tmp_path, capsys):
     report = fs.main(["--traces", str(trace), "--model", str(tiny_model_dir),
                       "--json", str(tmp_path / "screen.json")])
     assert set(report["with_feature"]) == set(fs.FEATURES)
+    assert set(report["net_over_price"]) == {"acceptance_model", "recalibrated_per_source",
+                                             "all", *fs.FEATURES}
     assert report["first_tokens"] > 0
     assert json.loads((tmp_path / "screen.json").read_text()) == report
     assert "recalibrated per source" in capsys.readouterr().out
