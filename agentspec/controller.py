@@ -103,15 +103,30 @@ class KmaxTable:
 
 def load_kmax(path: str | Path) -> KmaxTable:
     obj = read_format(path, KMAX_FORMAT, "Kmax table", KmaxError)
-    try:
-        kmax = {str(r): int(k) for r, k in obj["kmax"].items()}
-        survival = {str(r): [float(p) for p in v] for r, v in obj.get("survival", {}).items()}
-        hazard = {str(r): ([float(x) for x in d["trials"]], [float(x) for x in d["hits"]])
-                  for r, d in obj.get("hazard_by_copy_length", {}).items()}
-        samples = {str(r): int(n) for r, n in obj.get("samples", {}).items()}
-        lam = float(obj["lambda"])
-    except (KeyError, TypeError, ValueError, AttributeError) as e:
-        raise KmaxError(f"{path}: bad Kmax table ({e})") from None
+
+    def field_of(name: str, parse, holds: str, default=None):
+        """obj[name] parsed; a missing or malformed field is named in the error."""
+        if name not in obj:
+            if default is None:
+                raise KmaxError(f"{path}: bad Kmax table: no {name!r}")
+            return default
+        try:
+            return parse(obj[name])
+        except (KeyError, TypeError, ValueError, AttributeError):
+            raise KmaxError(f"{path}: bad Kmax table: {name!r} must be {holds}") from None
+
+    kmax = field_of("kmax", lambda v: {str(r): int(k) for r, k in v.items()},
+                    "an object of role: integer")
+    survival = field_of("survival", lambda v: {str(r): [float(p) for p in ps]
+                                               for r, ps in v.items()},
+                        "an object of role: list of numbers", {})
+    hazard = field_of("hazard_by_copy_length",
+                      lambda v: {str(r): ([float(x) for x in d["trials"]],
+                                          [float(x) for x in d["hits"]]) for r, d in v.items()},
+                      'an object of role: {"trials": [...], "hits": [...]}', {})
+    samples = field_of("samples", lambda v: {str(r): int(n) for r, n in v.items()},
+                       "an object of role: integer", {})
+    lam = field_of("lambda", float, "a number")
     if any(k < 1 for k in kmax.values()):
         raise KmaxError(f"{path}: every Kmax must be >= 1")
     if any(len(t) != COPY_BINS or len(h) != COPY_BINS or any(x < y for x, y in zip(t, h))

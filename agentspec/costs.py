@@ -141,8 +141,13 @@ def load_profile(path: str | Path) -> CostProfile:
             if not all(s > 0 and math.isfinite(s) for s in secs) or not math.isfinite(lam) or lam < 0:
                 raise ValueError(f"batch {key}: seconds must be positive and lambda >= 0")
             batches[b] = BatchCost(tokens, secs, lam)
-    except (KeyError, TypeError, ValueError, AttributeError) as e:
+    except KeyError as e:
+        raise CostProfileError(f"{path}: bad 'batches' entry: no {e}") from None
+    except ValueError as e:
         raise CostProfileError(f"{path}: bad 'batches' entry ({e})") from None
+    except (TypeError, AttributeError):
+        raise CostProfileError(f"{path}: 'batches' must be an object of batch size: "
+                               '{"tokens_per_row": [...], "seconds": [...], "lambda": x}') from None
     if not batches:
         raise CostProfileError(f"{path}: no batch sizes measured")
     known = {"format", "backend", "model", "dtype", "machine", "created", "context_tokens",

@@ -52,7 +52,11 @@ def test_a_few_bad_sessions_are_skipped_with_a_count(tmp_path, tiny_model_dir):
     (["--methods", "plain,nope"], "unknown method(s) nope"),
     (["--structure", "[[\"```\"]]"], "structure"),
     (["--cost-profile", "corrupt.json"], "corrupt.json"),
+    (["--cost-profile", "batches.json"], "batches.json: 'batches' must be an object"),
+    (["--cost-profile", "seconds.json"], "seconds.json: bad 'batches' entry: no 'seconds'"),
     (["--kmax", "missing-kmax.json"], "no such Kmax table"),
+    (["--kmax", "kmax.json", "--methods", "agspec"],
+     "kmax.json: bad Kmax table: 'kmax' must be an object of role: integer"),
     (["--backend", "tpu"], "backend 'tpu' is not available"),
     (["--sessions", "0"], "at least 1"),
     (["--backend", "mlx", "--batch", "4"], "generates one session at a time"),
@@ -66,6 +70,11 @@ def test_bad_input_exits_2_with_one_message(tmp_path, trace, tiny_model_dir, mon
                                             message):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "corrupt.json").write_text("{")
+    (tmp_path / "batches.json").write_text('{"format": "agentspec.cost/1", "batches": "x"}')
+    (tmp_path / "seconds.json").write_text('{"format": "agentspec.cost/1", "batches": '
+                                           '{"1": {"tokens_per_row": [1], "lambda": 0.1}}}')
+    (tmp_path / "kmax.json").write_text('{"format": "agentspec.kmax/1", "kmax": "x", '
+                                        '"lambda": 0.2}')
     if "--traces" not in args:
         args = ["--traces", str(trace), *args]
     r = bench(*args, model=tiny_model_dir)

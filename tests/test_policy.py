@@ -101,6 +101,18 @@ def test_kmax_file_round_trip_and_errors(tmp_path):
     (tmp_path / "hz.json").write_text(json.dumps(broken))
     with pytest.raises(KmaxError, match="hazard_by_copy_length"):
         load_kmax(tmp_path / "hz.json")
+    for field, value, says in (("kmax", "x", "'kmax' must be an object of role: integer"),
+                               ("lambda", None, "no 'lambda'"),
+                               ("hazard_by_copy_length", {"code": {"trials": [1]}},
+                                "'hazard_by_copy_length' must be")):
+        broken = t.to_json()
+        if value is None:
+            del broken[field]
+        else:
+            broken[field] = value
+        (tmp_path / "field.json").write_text(json.dumps(broken))
+        with pytest.raises(KmaxError, match=f"field.json: bad Kmax table: {says}"):
+            load_kmax(tmp_path / "field.json")
     (tmp_path / "bad.json").write_text("{broken")
     with pytest.raises(KmaxError, match="bad.json"):
         load_kmax(tmp_path / "bad.json")
