@@ -192,10 +192,15 @@ def restore(path: str | Path, drafter: Drafter, identity: Identity) -> tuple[str
 def _read(path: Path, identity: Identity) -> dict[str, np.ndarray]:
     """The file's arrays, its header checked against `identity`."""
     try:
-        loaded = np.load(path, allow_pickle=False)
-        if not isinstance(loaded, np.lib.npyio.NpzFile):
-            raise ValueError("one array, not an archive")
-        with loaded:
+        with path.open("rb") as f:
+            archive = f.read(4) == b"PK\x03\x04"  # (np.load would try anything else as a pickle)
+    except OSError as e:
+        raise StateError(f"state {path}: cannot read it ({e.strerror or e})") from None
+    if not archive:
+        raise StateError(f"state {path}: not a readable state file (not the .npz archive "
+                         "agentspec writes)")
+    try:
+        with np.load(path, allow_pickle=False) as loaded:
             arrays = {name: loaded[name] for name in loaded.files}
     except (OSError, ValueError, zipfile.BadZipFile, EOFError) as e:
         raise StateError(f"state {path}: not a readable state file ({e})") from None

@@ -126,9 +126,12 @@ def _header(**fields) -> np.ndarray:
 
 
 BAD = [  # (what is wrong, how to make it so, what the error says)
-    ("not an archive", lambda p, t: p.write_bytes(b"not a state"), "not a readable state file"),
+    ("not an archive", lambda p, t: p.write_bytes(b'{"format": "agentspec.state/4"}'),
+     "not a readable state file (not the .npz archive agentspec writes)"),
     ("empty", lambda p, t: p.write_bytes(b""), "not a readable state file"),
     ("one array", lambda p, t: np.save(p.open("wb"), np.zeros(3)), "not a readable state file"),
+    ("a cut archive", lambda p, t: p.write_bytes(p.read_bytes()[:200]),
+     "not a readable state file"),
     ("no header", lambda p, t: _tampered(p, header=None), "no valid header"),
     ("another format", lambda p, t: _tampered(p, header=_header(tokenizer=t, format="x/9")),
      "format 'x/9'"),
