@@ -190,18 +190,17 @@ def screen(rows: list[tuple[float, bool, dict]]) -> dict:
     and the net tokens over the price of each."""
     predicted = np.array([p for p, _, _ in rows])
     right = np.array([r for _, r, _ in rows], dtype=float)
-    fits = {"": recalibrated(rows, ()), "all": recalibrated(rows, FEATURES)}
-    fits.update((name, recalibrated(rows, (name,))) for name in FEATURES)
+    fits = {"recalibrated_per_source": recalibrated(rows, ()),
+            **{name: recalibrated(rows, (name,)) for name in FEATURES},
+            "all": recalibrated(rows, FEATURES)}
     return {
         "first_tokens": len(rows),
         "acceptance_model": log_loss(predicted, right),
-        "recalibrated_per_source": log_loss(fits[""], right),
+        "recalibrated_per_source": log_loss(fits["recalibrated_per_source"], right),
         "with_feature": {name: log_loss(fits[name], right) for name in FEATURES},
         "with_all": log_loss(fits["all"], right),
         "net_over_price": {"acceptance_model": net_over_price(predicted, right),
-                           "recalibrated_per_source": net_over_price(fits[""], right),
-                           **{name: net_over_price(fits[name], right) for name in FEATURES},
-                           "all": net_over_price(fits["all"], right)},
+                           **{name: net_over_price(p, right) for name, p in fits.items()}},
     }
 
 
