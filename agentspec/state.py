@@ -189,6 +189,13 @@ def restore(path: str | Path, drafter: Drafter, identity: Identity) -> tuple[str
     return str(header.get("saved", "at an unknown time")), warnings
 
 
+def check(path: str | Path, identity: Identity) -> None:
+    """Raise StateError, as `restore` would, where the file at `path` could not be taken
+    back; no file is fine (a first run makes it)."""
+    if Path(path).exists():
+        _read(Path(path), identity)
+
+
 def _read(path: Path, identity: Identity) -> dict[str, np.ndarray]:
     """The file's arrays, its header checked against `identity`."""
     try:

@@ -24,7 +24,7 @@ from agentspec.backends.prompt_cache import PromptCache
 from agentspec.drafter import Plain, Request
 from agentspec.sessions import SessionBook
 from agentspec.speculation import Loop, Row
-from agentspec.state import Identity, Keeper, StateError, vocabulary_digest
+from agentspec.state import Identity, Keeper, StateError, check, vocabulary_digest
 
 log = logging.getLogger("agentspec.serve")
 
@@ -255,7 +255,8 @@ class ServeEngine:
 
 
 def serve_setup(eng: "engine.Engine", config: EngineConfig, say: Callable[[str], None]):
-    """What the drafter knows: the tokenizer and this machine's cost profile (measured once)."""
+    """What the drafter knows: the tokenizer and this machine's cost profile (measured once,
+    after a --state file that could not be taken back has failed the start)."""
     from agentspec.backends import mlx_probe
     from agentspec.bench import BenchSetup
     from agentspec.costs import load_profile
@@ -263,6 +264,9 @@ def serve_setup(eng: "engine.Engine", config: EngineConfig, say: Callable[[str],
     from agentspec.tokens import ChatTokenizer
 
     tok = ChatTokenizer.from_model(Path(eng.path))
+    vocabulary = token_bytes(tok.tokenizer)
+    if config.state is not None:  # a file that cannot be taken back fails before a measurement
+        check(config.state, Identity(config.method, eng.name, vocabulary_digest(vocabulary)))
     path = config.cost_profile or mlx_probe.default_profile("mlx", config.model, config.dtype)
     if path is None:
         sizes = [b for b in (1, 2, 4, 8, 16, 32, 64) if b <= config.max_batch]
@@ -276,4 +280,4 @@ def serve_setup(eng: "engine.Engine", config: EngineConfig, say: Callable[[str],
         say(f"cost profile written to {path}")
     profile = load_profile(path)
     # lambda(b) of the profile at every batch size (BenchSetup.lam_at)
-    return BenchSetup(tokenizer=tok, token_bytes=token_bytes(tok.tokenizer), profile=profile)
+    return BenchSetup(tokenizer=tok, token_bytes=vocabulary, profile=profile)

@@ -286,11 +286,13 @@ def test_what_full_learned_is_kept_across_restarts(model_folder, home, tmp_path)
     state.write_bytes(b"garbage")
     cmd = [str(Path(sys.executable).parent / "agentspec"), "serve", "--model", str(folder),
            "--port", str(free_port()), "--state", str(state)]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
-                          env=dict(os.environ, AGENTSPEC_HOME=str(home)))
-    assert done.returncode != 0
-    assert f"state {state}: not a readable state file" in done.stdout + done.stderr
-    assert state.read_bytes() == b"garbage"
+    for run_home in (home, tmp_path / "no-profile-yet"):  # (fails before measuring one)
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
+                              env=dict(os.environ, AGENTSPEC_HOME=str(run_home)))
+        said = done.stdout + done.stderr
+        assert done.returncode != 0
+        assert f"state {state}: not a readable state file" in said and "measuring" not in said
+        assert state.read_bytes() == b"garbage"
 
 
 def test_bench_over_http_replays_a_trace_against_full_and_plain(servers, model_folder,
