@@ -29,7 +29,7 @@ def plan_request(s, s_open, open_len, g, with_g, context, look_k, a, b,
                  t, h, kt, kh, pt, ph, bin_of, width, pad, kind_shift, weight, bias, bits,
                  spread, window, bias_rate, calibrate, rate_sums, blend, blend_rate,
                  max_k, search, session_text, kind_tables, token_classes, with_ids, copy_kinds,
-                 repeat, agreeing, extensions, score_all, with_blend,
+                 repeat, agreeing, extensions, score_all, with_blend, quiet,
                  worth, drafted, accepted, revealed, worth_age, costs, copy_m, given_rows,
                  given_ids, before, ratios, sent_sums, slots, gain,
                  found, found_tokens, ids, rows, copy_ids, copy_rows, agreed, kept, kept_costs):
@@ -44,7 +44,9 @@ def plan_request(s, s_open, open_len, g, with_g, context, look_k, a, b,
     way. With both candidates, each token's row moves by `agreeing` times what the other
     says of it (`allocator.agreement`; 0: not at all) before either is planned, and
     `with_blend`, the tokens both say take the role's blend of their two hazards
-    (`allocator.blended`), in both plans. Returns
+    (`allocator.blended`), in both plans. With `quiet`, where neither is sent (gain 0,
+    not padded), both are planned again at a step's rate of 1 token times the last key's
+    sent ratio (`allocator.QUIET`), sent under it where that gains. Returns
     (the draft's length n, the lookup's answer as `_match_nb.lookup` gives it).
 
     The step is kept in the request's buffers, which the next plan learns from: the copy
@@ -97,7 +99,9 @@ def plan_request(s, s_open, open_len, g, with_g, context, look_k, a, b,
     copy = copy_rows[:copy_length]
     has_copy = copy_m > 0
     # the path's ratios: the second half of slots after the copy's two where it has a rival
-    path_keys = 2 + (len(slots) - 2) // 2 * has_copy
+    # (the last slot is the quiet key's)
+    quiet_key = len(slots) - 1
+    path_keys = 2 + (quiet_key - 2) // 2 * has_copy
     length, m = frequent_candidate(
         s, s_open, open_len, g, with_g, context if search else context[:0], pw, levels, mask,
         want, max_k, max_context, min_prob, share_edges, evidence_edges, worth, found,
@@ -112,27 +116,23 @@ def plan_request(s, s_open, open_len, g, with_g, context, look_k, a, b,
     both = parted if with_blend else 0  # (the tokens whose hazards are blended)
     _blend(t, h, kt, kh, pt, ph, bin_of, width, pad, kind_shift, weight, bias, bits, blend,
            copy_m, copy, copy_ids, m, rows, ids, with_ids, agreed[:both])
-    sent, n, depth, sent_length, key = -1, 0, 0, 0, -1
-    if has_copy and copy_length:
-        c_key = 1 if m else 0
-        c_n, c_gain = best_length(t, h, kt, kh, pt, ph, copy, copy_m, copy_length,
-                                  bin_of, width, pad, kind_shift, weight, costs,
-                                  rate * ratios[slots[c_key]], bias,
-                                  copy_ids[: copy_length + 1] if with_ids else _NO_IDS, bits,
-                                  agreed[:both])
-        if c_gain > gain:
-            sent, n, gain, key = 0, c_n, c_gain, c_key
-    elif has_copy and 0.0 > gain:  # (an empty copy plans nothing and gains nothing)
-        sent, n, gain, key = 0, 0, 0.0, 1 if m else 0
-    if m:
-        f_n, f_gain = best_length(t, h, kt, kh, pt, ph, rows[:length], m, length, bin_of,
-                                  width, pad, kind_shift, weight, costs,
-                                  rate * ratios[slots[path_keys]], bias,
-                                  ids[: length + 1] if with_ids else _NO_IDS, bits,
-                                  agreed[:both])
-        if f_gain > gain:
-            sent, n, gain, sent_length, key = 1, f_n, f_gain, length, path_keys
-    for d in range(extensions if m else 0):
+    c_key = 1 if m else 0
+    sent, n, gain = _plan_both(t, h, kt, kh, pt, ph, bin_of, width, pad, kind_shift, weight,
+                               bias, bits, costs, copy, copy_m, copy_ids, rows[:length], m,
+                               ids, with_ids, agreed[:both], rate * ratios[slots[c_key]],
+                               rate * ratios[slots[path_keys]], gain)
+    key = c_key if sent == 0 else path_keys if sent == 1 else -1
+    sent_length = length if sent == 1 else 0
+    if quiet and sent == -1:
+        price = ratios[slots[quiet_key]]  # (a step that drafts nothing makes 1 token)
+        sent, n, gain = _plan_both(t, h, kt, kh, pt, ph, bin_of, width, pad, kind_shift,
+                                   weight, bias, bits, costs, copy, copy_m, copy_ids,
+                                   rows[:length], m, ids, with_ids, agreed[:both], price,
+                                   price, gain)
+        key = quiet_key if sent >= 0 else -1
+        sent_length = length if sent == 1 else 0
+    depth = 0
+    for d in range(extensions if m and key != quiet_key else 0):
         if sent != 1 or n != length or n >= max_k:
             break
         # the path after the context and the path's tokens, as if the output had written them
@@ -157,9 +157,35 @@ def plan_request(s, s_open, open_len, g, with_g, context, look_k, a, b,
         n, gain, depth, sent_length, key = e_n, e_gain, d + 1, length, path_keys + d + 1
     keep(kept, copy_m, copy_length, m, length, sent, sent_length, key, both)
     # (what the plan expected of the draft: its gain and what it was priced at)
-    kept_costs[0] = gain + rate * ratios[slots[key]] * costs[n] if n else 0.0
+    kept_costs[0] = gain + (1.0 if key == quiet_key else rate) * ratios[slots[key]] \
+        * costs[n] if n else 0.0
     kept_costs[1] = costs[n]
     return n, looked
+
+
+@njit(cache=True)
+def _plan_both(t, h, kt, kh, pt, ph, bin_of, width, pad, kind_shift, weight, bias, bits, costs,
+               copy, copy_m, copy_ids, path, path_m, path_ids, with_ids, agreed, copy_rate,
+               path_rate, gain):
+    """The copy (its rows; none: copy_m 0) and the path (none: path_m 0) each planned
+    (`best_length`) at its rate: (which is sent, -1 neither, 0 the copy, 1 the path; its
+    length; its gain), the one that gains more than `gain` and than the copy."""
+    sent, n = -1, 0
+    for which in range(2):
+        rows, m, c_ids, rate = (copy, copy_m, copy_ids, copy_rate) if which == 0 \
+            else (path, path_m, path_ids, path_rate)
+        if not m:
+            continue
+        if not len(rows):
+            if 0.0 > gain:  # (padded: an empty candidate plans nothing and gains nothing)
+                sent, n, gain = which, 0, 0.0
+            continue
+        c_n, c_gain = best_length(t, h, kt, kh, pt, ph, rows, m, len(rows), bin_of, width, pad,
+                                  kind_shift, weight, costs, rate, bias,
+                                  c_ids[: len(rows) + 1] if with_ids else _NO_IDS, bits, agreed)
+        if c_gain > gain:
+            sent, n, gain = which, c_n, c_gain
+    return sent, n, gain
 
 
 @njit(cache=True)

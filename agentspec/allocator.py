@@ -55,6 +55,8 @@ def agentspec_lengths(cands: Sequence[tuple[int, int, int] | None], alpha: float
 COPY_BINS = 64
 SENT_PRIOR = 20.0  # pseudo-tokens behind a sent ratio before its first drafts
 DECAY = 0.999  # what R's sums and the sent ratios' keep of their past at each row verified
+# the end of a sent ratio's key that prices a step where nothing paid at R (see planning_rate)
+QUIET = "/quiet"
 
 
 def copy_bin(length: int) -> int:
@@ -310,8 +312,11 @@ class AcceptanceModel:
         self.ratios[slot] = min(2.0, max(0.5, predicted / accepted))
 
     def planning_rate(self, key: str) -> float:
-        """What a plan prices a step's worth at, in tokens: R, times the sent ratio."""
-        return self.rate * self.sent_ratio(key)
+        """What a plan prices a step's worth at, in tokens: R, times the sent ratio. A quiet
+        key's (`QUIET`) is 1 times its own: a step where no draft paid at R makes 1 token
+        for its step, and so do the steps around it, where the output is text nothing
+        predicts well."""
+        return (1.0 if key.endswith(QUIET) else self.rate) * self.sent_ratio(key)
 
     def charge(self, cost: float, accepted: int) -> None:
         """One verified row: it cost 1 + `cost` steps and produced accepted + 1 tokens."""

@@ -44,7 +44,7 @@ from typing import Callable, NamedTuple, Sequence
 import numpy as np
 
 from agentspec import allocator, match
-from agentspec.allocator import (NO_HAZARDS, NO_IDS, TOKEN_CLASSES, AcceptanceModel,
+from agentspec.allocator import (NO_HAZARDS, NO_IDS, QUIET, TOKEN_CLASSES, AcceptanceModel,
                                  agentspec_lengths, agreement, draft_ids, parted, scored,
                                  token_classes, token_rows)
 from agentspec.controller import Controller, KmaxTable
@@ -157,8 +157,10 @@ class CostAware:
     and per token within its draft kind); the frequency path sent, where it pays to its end,
     continued by the path after it (`extend`: up to EXTENSIONS times, each with curves and
     a sent ratio of its own); each draft token's row knowing whether the step's other
-    candidate says the same (`agreement`); and the tokens both candidates say taking the
-    role's learned blend of their two predictions (`blend`). No Kmax cap: the acceptance
+    candidate says the same (`agreement`); the tokens both candidates say taking the
+    role's learned blend of their two predictions (`blend`); and where no candidate pays
+    at R, both planned again at the rate of such a step, 1 token, times the sent ratio of
+    the drafts so sent (`quiet`: the role's `QUIET` key). No Kmax cap: the acceptance
     model conditions on match length, which separates long copies from short matches
     better.
 
@@ -177,6 +179,7 @@ class CostAware:
     extend: bool = False
     agreement: bool = False
     blend: bool = False
+    quiet: bool = False
 
     def drafts(self, policy: Policy, batch: Sequence[Request], matches: list[Match],
                padded: bool = False):
@@ -234,6 +237,12 @@ class CostAware:
             if c_gain <= gain:
                 break
             draft, gain, sent, key = longer.tokens[:n], c_gain, longer, key + "+"
+        if self.quiet and sent is None and not padded:
+            for c in candidates:  # (sent is None: no continuation was scored)
+                n, c_gain = policy.acceptance.plan(r.role, c.m, c.rows, len(c.rows), costs,
+                                                   r.role + QUIET, c.ids, c.agreed)
+                if c_gain > gain:
+                    draft, gain, sent, key = c.tokens[:n], c_gain, c, r.role + QUIET
         # the tokens it expects accepted: the gain plus what the draft was priced at
         expected = gain + policy.acceptance.planning_rate(key) * costs[len(draft)] \
             if draft else 0.0
@@ -653,10 +662,10 @@ def sent_key(role: str, frequency: bool, candidates: int) -> str:
 def _sent_keys(role: str) -> tuple[str, ...]:
     """The keys a compiled plan may price with (`_policy_nb.plan_request`): the copy's, as
     the step's only candidate and beside a path; then the path's, and its continuations',
-    as the only candidate and beside a copy."""
+    as the only candidate and beside a copy; last the role's quiet key."""
     return (sent_key(role, False, 1), sent_key(role, False, 2),
             *(sent_key(role, True, candidates) + "+" * depth
-              for candidates in (1, 2) for depth in range(EXTENSIONS + 1)))
+              for candidates in (1, 2) for depth in range(EXTENSIONS + 1)), role + QUIET)
 
 
 # a line of a numbered listing: SWE-agent's viewer and grep -n ("12:text"), cat -n and nl
@@ -792,7 +801,7 @@ class Policy:
                                 self.token_classes, cost.token_bias, self.copy_kinds,
                                 config.follow, TOKEN_CLASSES if cost.agreement else 0,
                                 EXTENSIONS if cost.extend else 0, cost.score_all,
-                                cost.blend)
+                                cost.blend, cost.quiet)
         self._role_constants: dict[str, tuple] = {}
         warm_up(token_bytes)
 
@@ -1167,6 +1176,7 @@ ABLATIONS = {
     "full-no-extension": "extend",
     "full-no-agreement": "agreement",
     "full-no-blend": "blend",
+    "full-no-quiet": "quiet",
     "full-no-blocks": "isolate",
 }
 
@@ -1179,7 +1189,7 @@ def ladder(lam: float = 0.2) -> dict[str, PolicyConfig]:
     glob = replace(emission, name="global", global_=True)
     cost = CostAware(frequency=True, session_text=True, learned_paths=True, token_classes=True,
                      score_all=True, calibrate_sent=True, token_bias=True, extend=True,
-                     agreement=True, blend=True)
+                     agreement=True, blend=True, quiet=True)
     full = replace(glob, name="full", listings=True, isolate=True, follow=True, lead=True,
                    choose=MostExpected(), length=cost, lam=lam)
     return {

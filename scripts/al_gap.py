@@ -15,6 +15,9 @@ accepted, and lines the two methods' steps up by the output position they start 
   model gave them, by band, against how often that first token was the one written. Calibrated
   bands under the plan's price are drafts that would not have paid: a higher AL from them would
   cost speed.
+- what sending there would have done, at a few prices of a token's predicted reach: the steps
+  it would have saved, set against the steps the run took (a token gained where the run went
+  on to cover it in a step of its own saves nothing), and the AL and speedup that gives;
 - with hindsight (each of `full`'s candidates against the rest of the output the target went on
   to write), where the tokens its candidates held went: accepted; written after a sent draft
   that stopped short (its candidate ran on); held further by a candidate passed over; held at
@@ -77,8 +80,10 @@ class Recorder(Watcher):
         super().__init__(inner)
         self.steps: dict[tuple[str, int], tuple[int, int]] = {}
         self.drafts: dict[tuple[str, int], list[int]] = {}  # each step's draft sent
-        # of a `full` policy, at each step it drafted nothing: its candidates' tokens
+        # of a `full` policy, at each step it drafted nothing: its candidates' tokens, and
+        # the one with the most expected accepted tokens, with each token's predicted reach
         self.silent_candidates: dict[tuple[str, int], list[list[int]]] = {}
+        self.silent_best: dict[tuple[str, int], tuple[list[int], np.ndarray]] = {}
         self.outputs: dict[str, list[int]] = {}  # each finished request's whole output
         self.passed_over: list[tuple[float, bool]] = []
         # per request, full's steps not yet set against the whole output: (where the step
@@ -105,6 +110,13 @@ class Recorder(Watcher):
             if not drafted:
                 self.silent_candidates[(request.id, at)] = [list(c.tokens)
                                                             for c in step_candidates]
+                reaches = [policy.acceptance.accept_probs(request.role, c.m, c.rows, ids=c.ids,
+                                                          agreed=c.agreed)
+                           for c in step_candidates]
+                if reaches:
+                    best = int(np.argmax([r.sum() for r in reaches]))
+                    self.silent_best[(request.id, at)] = (list(step_candidates[best].tokens),
+                                                          np.asarray(reaches[best], float))
                 written = request.output[at]  # the target's token at the step's first position
                 self.passed_over += [first_token(policy, request, c, written)
                                      for c in step_candidates]
@@ -227,6 +239,49 @@ def compare(full: Recorder, base: Recorder) -> dict:
     }
 
 
+SILENT_PRICES = (0.28, 0.24, 0.2, 0.16, 0.12)
+
+
+def silent_sends(full: Recorder, lam: float, prices=SILENT_PRICES) -> list[dict]:
+    """What sending drafts at the steps `full` sent nothing at would have done, per price:
+    at each such step, its candidate with the most expected accepted tokens, sent while each
+    token's predicted reach is at least the price, set against the steps the run took.
+
+    A token gained there saves a step only where the run did not cover it within a step it
+    took anyway: the run's steps that start inside the tokens gained are saved, with their
+    drafts, less one where the gain ends inside a step of the run (a new step starts there and
+    ends where that one did, drafting the rest of its draft). So `steps_saved` over
+    `accepted` is what one token gained at such a step is worth, in steps."""
+    starts: dict[str, set[int]] = {}
+    for rid, at in full.steps:
+        starts.setdefault(rid, set()).add(at)
+    run_steps = len(full.steps)
+    run_cost = run_steps + lam * sum(drafted for drafted, _ in full.steps.values())
+    rows = []
+    for price in prices:
+        sends = sent = gained = saved = 0
+        for (rid, at), (tokens, reach) in full.silent_best.items():
+            n = int(np.cumprod(reach >= price).sum())
+            if not n:
+                continue
+            output = full.outputs[rid]
+            gain = min(accepted_prefix(tokens[:n], output[at:]), len(output) - at - 1)
+            sends, sent, gained = sends + 1, sent + n, gained + gain
+            skipped = [s for s in range(at + 1, at + gain + 1) if s in starts[rid]]
+            saved += len(skipped)
+            sent -= sum(full.steps[(rid, s)][0] for s in skipped)
+            end = at + gain + 1
+            if skipped and end not in starts[rid] and end < len(output):
+                saved -= 1
+                sent += max(0, full.steps[(rid, skipped[-1])][0] - (end - skipped[-1]))
+        cost = run_cost - saved + lam * sent
+        rows.append({"price": price, "steps_sending": sends, "accepted": gained,
+                     "steps_saved": saved, "draft_tokens_added": sent,
+                     "al_ratio": round(run_steps / (run_steps - saved), 4),
+                     "speedup_ratio": round(run_cost / cost, 4)})
+    return rows
+
+
 def frontier(run, base: Meter, full: Meter, plans: list[float], batch: int, lam: float
              ) -> list[dict]:
     """`full` planned for each draft price in `plans`, priced at `lam`: per plan, its AL,
@@ -268,6 +323,7 @@ def main(argv: list[str] | None = None) -> dict:
     report = {"traces": [str(t) for t in args.traces], "sessions": len(run.tokenized),
               "seed": args.seed, "batch": args.batch, "lambda": args.lam, "base": args.base,
               **compare(full, base)}
+    report["silent_sends"] = silent_sends(full, args.lam)
     if plans:
         report["frontier"] = frontier(run, base_meter, full_meter, plans, args.batch, args.lam)
     d, s = report["full_drafts"], report["full_sends_nothing"]
@@ -289,6 +345,12 @@ def main(argv: list[str] | None = None) -> dict:
           f"accepted; {h['sent_ran_on']} more written after sent drafts that stopped short; "
           f"{h['rival_went_further']} more held by a candidate passed over; "
           f"{h['sending_nothing']} held where nothing was sent")
+    print(f"sending full's best candidate where it sent nothing, while each token's predicted"
+          f" reach is at least the price (set against the run's own steps):")
+    for r in report["silent_sends"]:
+        print(f"  {r['price']:.2f}: {r['steps_sending']} steps send, {r['accepted']} tokens "
+              f"accepted, {r['steps_saved']} steps saved, {r['draft_tokens_added']} draft tokens "
+              f"more; AL {r['al_ratio']:.4f}x, λ{args.lam} speedup {r['speedup_ratio']:.4f}x")
     print_bands("sent drafts, each token's predicted probability of being reached, by band "
                 "(inside the draft; the three positions after it):",
                 report["sent_reach"], "reached")

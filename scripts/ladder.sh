@@ -16,7 +16,7 @@ SEED=${SEED:-7}
 OUT=${OUT:-results/ladder}
 STRUCTURE='[["```", "```"], ["<original>", "</original>"], ["<patched>", "</patched>"]]'
 METHODS=plain,ngram,suffix,suffix-cold,session,workspace,emission,global,fixed32,agspec,agentspec-s
-METHODS=$METHODS,agentspec,full,full-cold,full-no-listings,full-no-frequency,full-no-session-text,full-no-learned-paths,full-no-classes,full-sent-only,full-no-sent-calibration,full-no-token-bias,full-no-extension,full-no-output-lead,full-no-agreement,full-no-blend,full-no-blocks
+METHODS=$METHODS,agentspec,full,full-cold,full-no-listings,full-no-frequency,full-no-session-text,full-no-learned-paths,full-no-classes,full-sent-only,full-no-sent-calibration,full-no-token-bias,full-no-extension,full-no-output-lead,full-no-agreement,full-no-blend,full-no-quiet,full-no-blocks
 mkdir -p "$OUT"
 for trace in acr-run-1 sweagent-gpt4-run-1; do
   for spec in "1 0.2" "16 0.5"; do

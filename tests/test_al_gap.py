@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from conftest import load_script, replay_run, replayed_alike
@@ -47,6 +48,9 @@ def test_the_aligned_steps_add_up(gap, trace, tiny_model_dir, tmp_path, capsys):
         for band in bands:
             lo, hi = band["band"]
             assert lo <= band["predicted"] <= hi and 0.0 <= band["accepted"] <= 1.0
+    assert [r["price"] for r in report["silent_sends"]] == list(gap.SILENT_PRICES)
+    for r in report["silent_sends"]:
+        assert 0 <= r["steps_saved"] <= r["accepted"] and r["al_ratio"] >= 1.0
     assert json.loads((tmp_path / "gap.json").read_text()) == report
     out = capsys.readouterr().out
     assert "output positions where both methods start a step" in out
@@ -136,6 +140,28 @@ def test_silent_candidates_are_cut_to_the_length_the_baseline_sent(gap):
     silent = gap.compare(full, base)["full_sends_nothing"]
     assert (silent["steps"], silent["base_sent"], silent["base_accepted"]) == (1, 3, 1)
     assert silent["full_candidates_at_base_length"] == 2
+
+
+def test_a_token_gained_where_nothing_was_sent_saves_only_the_steps_the_run_took(gap):
+    # the run: 6 steps over 10 tokens; the step at 1 drafted 3 and had 2 accepted (emitting
+    # 1-3), the one at 5 drafted 2, both accepted (5-7); the others sent nothing
+    full = gap.Recorder(None)
+    full.outputs["r"] = list(range(10, 20))
+    full.steps = {("r", 0): (0, 0), ("r", 1): (3, 2), ("r", 4): (0, 0), ("r", 5): (2, 2),
+                  ("r", 8): (0, 0), ("r", 9): (0, 0)}
+    full.silent_best[("r", 0)] = ([10, 11, 12], np.array([0.5, 0.3, 0.1]))
+    full.silent_best[("r", 8)] = ([99], np.array([0.9]))  # wrong from its first token
+    cheap, dear = gap.silent_sends(full, lam=0.2, prices=(0.05, 0.28))
+    # sent whole at 0, the candidate reaches 4, where the run's next step starts anyway:
+    # the step at 1 is saved, and its 3 draft tokens pay for the 3 sent
+    assert (cheap["steps_sending"], cheap["accepted"]) == (2, 3)
+    assert (cheap["steps_saved"], cheap["draft_tokens_added"]) == (1, 1)
+    assert cheap["al_ratio"] == 1.2  # 6 steps become 5
+    assert cheap["speedup_ratio"] == round(7.0 / 6.2, 4)  # cost 6 + 0.2 * 5 drafted
+    # cut at 2 tokens, the gain ends at 3, inside the step at 1: a step from 3 still ends
+    # at 4, drafting the last of that step's tokens, so nothing is saved
+    assert (dear["accepted"], dear["steps_saved"], dear["draft_tokens_added"]) == (2, 0, 1)
+    assert dear["al_ratio"] == 1.0 and dear["speedup_ratio"] == round(7.0 / 7.2, 4)
 
 
 def test_the_frontier_plans_full_cheaper_and_prices_it_the_same(gap, trace, tiny_model_dir,

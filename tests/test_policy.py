@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from agentspec.allocator import (AGREES, ALONE, COPY_BINS, DIFFERS, KIND_SHIFT, MODIFIERS,
-                                 TOKEN_CLASSES,
+                                 QUIET, TOKEN_CLASSES,
                                  AcceptanceModel, agentspec_lengths, agreement, copy_bin,
                                  hazard_counts, logit, redundancy, scored)
 from agentspec.controller import Controller, KmaxError, KmaxTable, load_kmax
@@ -181,6 +181,29 @@ def test_drafts_that_take_less_than_predicted_make_the_next_plans_shorter():
     for _ in range(3000):  # a stretch where nothing sent is taken still lets plans draft
         model.observe_sent("code", predicted=2.0, accepted=0)
     assert model.sent_ratio("code") == 2.0
+
+
+def test_where_nothing_pays_at_r_a_quiet_step_prices_at_one_token_a_step():
+    model = AcceptanceModel(max_k=16, calibrate_sent=True)
+    for i in range(400):  # a quarter of first tokens after 8 matched tokens are taken
+        model.observe("code", 8, known=1, matched=int(i % 4 == 0))
+    for _ in range(100):
+        model.charge(0.2 * 4, accepted=4)  # a fast stretch: R well above 1
+    p = model.accept_probs("code", 8, n=1)[0]
+    costs = linear_costs(0.2, 16)
+    assert 0.2 < p < 0.2 * model.rate  # worth a token's price at 1 token a step, not at R
+    assert model.plan("code", 8, "", 16, costs, sent="code/copy/1")[0] == 0
+    quiet = "code" + QUIET
+    assert model.planning_rate(quiet) == model.sent_ratio(quiet) == 1.0
+    assert model.plan("code", 8, "", 16, costs, sent=quiet)[0] == 1
+    for _ in range(3000):  # the drafts so sent take half what was predicted: their own ratio
+        model.observe_sent(quiet, predicted=0.5, accepted=0)
+        model.observe_sent(quiet, predicted=0.5, accepted=1)
+    assert model.planning_rate(quiet) == pytest.approx(1.0, abs=0.05)
+    for _ in range(3000):
+        model.observe_sent(quiet, predicted=0.5, accepted=0)
+    assert model.planning_rate(quiet) == 2.0 and model.plan("code", 8, "", 16, costs,
+                                                            sent=quiet)[0] == 0
 
 
 def test_a_rarely_seen_source_borrows_what_the_model_does_elsewhere():
@@ -654,7 +677,8 @@ def test_tokens_two_candidates_both_say_take_the_learned_blend_of_their_hazards(
 @pytest.mark.parametrize("name, padded", [("full", False), ("full", True),
                                           ("full-no-token-bias", False),
                                           ("full-sent-only", False),
-                                          ("full-no-blend", False)])
+                                          ("full-no-blend", False),
+                                          ("full-no-quiet", False)])
 def test_the_compiled_plan_drafts_as_the_reference(name, padded):
     # two policies in lockstep, one planning in the kernel and one in Python, on text of
     # repeated phrases (frequency paths taken whole and continued) with fenced blocks:
@@ -674,6 +698,7 @@ def test_the_compiled_plan_drafts_as_the_reference(name, padded):
     policies[1].compiled = False
     assert policies[0].compiled
     continued, looked_up, sources, said, parted, blended = 0, set(), set(), set(), 0, 0
+    quiet = 0
     for call in range(4):
         prompt, targets, file = text(30), [text(12), text(12)], text(10)
         rows = []
@@ -701,6 +726,7 @@ def test_the_compiled_plan_drafts_as_the_reference(name, padded):
                     assert (a_sent.tokens, a_sent.rows.tolist()) == \
                         (b_sent.tokens, b_sent.rows.tolist())
                 continued += "+" in a_key
+                quiet += a_key.endswith(QUIET)
                 blended += any(len(c.agreed) for c in a_candidates)
                 said.update(int(row) % MODIFIERS // TOKEN_CLASSES
                             for c in a_candidates for row in c.rows)
@@ -721,6 +747,9 @@ def test_the_compiled_plan_drafts_as_the_reference(name, padded):
     assert said == {ALONE, AGREES, DIFFERS}  # (every rung here has agreement)
     assert parted  # (copies past their occurrences' common prefix, planned alike)
     assert (blended > 0) == policies[0].config.length.blend
+    if not policies[0].config.length.quiet or padded:  # (a padded row always sends)
+        assert quiet == 0
+    assert quiet or name != "full" or padded  # (here full has steps where nothing paid at R)
     # and both learned alike: the kernel from inside the next plan, Python before it
     a, b = (p.acceptance for p in policies)
     assert a.blends.keys() == b.blends.keys() \
