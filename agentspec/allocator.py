@@ -313,9 +313,9 @@ class AcceptanceModel:
 
     def planning_rate(self, key: str) -> float:
         """What a plan prices a step's worth at, in tokens: R, times the sent ratio. A quiet
-        key's (`QUIET`) is 1 times its own: a step where no draft paid at R makes 1 token
-        for its step, and so do the steps around it, where the output is text nothing
-        predicts well."""
+        key's (`QUIET`) is 1 times its own: the rate of the step it prices, one where no
+        draft paid at R, which without a draft makes 1 token (docs/drafting.md, "Where
+        nothing pays")."""
         return (1.0 if key.endswith(QUIET) else self.rate) * self.sent_ratio(key)
 
     def charge(self, cost: float, accepted: int) -> None:
