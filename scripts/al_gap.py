@@ -345,8 +345,8 @@ def main(argv: list[str] | None = None) -> dict:
           f"accepted; {h['sent_ran_on']} more written after sent drafts that stopped short; "
           f"{h['rival_went_further']} more held by a candidate passed over; "
           f"{h['sending_nothing']} held where nothing was sent")
-    print(f"sending full's best candidate where it sent nothing, while each token's predicted"
-          f" reach is at least the price (set against the run's own steps):")
+    print("sending full's best candidate where it sent nothing, while each token's predicted"
+          " reach is at least the price (set against the run's own steps):")
     for r in report["silent_sends"]:
         print(f"  {r['price']:.2f}: {r['steps_sending']} steps send, {r['accepted']} tokens "
               f"accepted, {r['steps_saved']} steps saved, {r['draft_tokens_added']} draft tokens "
