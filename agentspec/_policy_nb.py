@@ -131,7 +131,6 @@ def plan_request(s, s_open, open_len, g, with_g, context, look_k, a, b,
                                    price, gain)
         key = quiet_key if sent >= 0 else -1
         sent_length = length if sent == 1 else 0
-    depth = 0
     for d in range(extensions if m and key != quiet_key else 0):
         if sent != 1 or n != length or n >= max_k:
             break
@@ -154,7 +153,7 @@ def plan_request(s, s_open, open_len, g, with_g, context, look_k, a, b,
                                   agreed[:both])
         if e_gain <= gain:
             break
-        n, gain, depth, sent_length, key = e_n, e_gain, d + 1, length, path_keys + d + 1
+        n, gain, sent_length, key = e_n, e_gain, length, path_keys + d + 1
     keep(kept, copy_m, copy_length, m, length, sent, sent_length, key, both)
     # (what the plan expected of the draft: its gain and what it was priced at)
     kept_costs[0] = gain + (1.0 if key == quiet_key else rate) * ratios[slots[key]] \

@@ -59,8 +59,8 @@ from agentspec.metrics import Meter  # noqa: E402
 from agentspec.policy import CostAware, Policy  # noqa: E402
 from agentspec.replay import replay  # noqa: E402
 from agentspec.speculation import accepted_prefix  # noqa: E402
-from scripts.replay_options import (Watcher, add_replay_options, first_token,  # noqa: E402
-                                    load_replay, saved)
+from scripts.replay_options import (Watcher, add_replay_options, load_replay,  # noqa: E402
+                                    saved)
 
 BANDS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.7, 1.0)
 AGREEMENTS = {ALONE: "alone", AGREES: "agrees", DIFFERS: "differs"}  # a row's, by name
@@ -118,8 +118,8 @@ class Recorder(Watcher):
                     self.silent_best[(request.id, at)] = (list(step_candidates[best].tokens),
                                                           np.asarray(reaches[best], float))
                 written = request.output[at]  # the target's token at the step's first position
-                self.passed_over += [first_token(policy, request, c, written)
-                                     for c in step_candidates]
+                self.passed_over += [(float(r[0]), c.tokens[0] == written)
+                                     for c, r in zip(step_candidates, reaches)]
             self._score(policy, request, request.output[at:], step_candidates)
             candidates = []
             for c in step_candidates:
